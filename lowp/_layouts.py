@@ -1,0 +1,61 @@
+"""Byte layouts (spec §5): float4 packing and the cuBLAS block-scaled scale layout."""
+
+import math
+
+import numpy as np
+
+SCALE_LAYOUTS = ("plain", "cublas_blocked")
+
+
+def pack_fp4(codes: np.ndarray) -> np.ndarray:
+    """Two 4-bit codes a byte along the last axis: element 2j in bits 3..0, 2j+1 in 7..4."""
+    if codes.ndim == 0 or codes.shape[-1] % 2:
+        raise ValueError(f"float4 packing needs an even last dim, got shape {codes.shape}")
+    low = codes[..., 0::2] & np.uint8(0x0F)
+    high = codes[..., 1::2] & np.uint8(0x0F)
+    return (low | (high << np.uint8(4))).astype(np.uint8)
+
+
+def unpack_fp4(packed: np.ndarray) -> np.ndarray:
+    """Inverse of `pack_fp4`: one 4-bit code a byte, last axis doubled."""
+    out = np.empty(packed.shape[:-1] + (packed.shape[-1] * 2,), dtype=np.uint8)
+    out[..., 0::2] = packed & np.uint8(0x0F)
+    out[..., 1::2] = packed >> np.uint8(4)
+    return out
+
+
+def cublas_blocked_shape(rows: int, cols: int) -> tuple[int, int]:
+    """Shape of the blocked layout for a `rows x cols` scale matrix: padded to 128 x 4."""
+    return 128 * math.ceil(rows / 128), 4 * math.ceil(cols / 4)
+
+
+def to_cublas_blocked(scale: np.ndarray) -> np.ndarray:
+    """A 2-D scale matrix (rows x K/block) in the layout cuBLAS block-scaled GEMMs read.
+
+    Zero-padded to rows % 128 == 0 and cols % 4 == 0; each 128 x 4 tile is 512
+    contiguous bytes, tiles row-major, and inside a tile element (r, c) sits at
+    `(r % 32) * 16 + (r % 128 // 32) * 4 + c % 4`. Returned as the padded 2-D array.
+    """
+    if scale.ndim != 2:
+        raise ValueError(f"to_cublas_blocked takes a 2-D scale matrix, got shape {scale.shape}")
+    rows, cols = scale.shape
+    padded_rows, padded_cols = cublas_blocked_shape(rows, cols)
+    padded = np.zeros((padded_rows, padded_cols), dtype=scale.dtype)
+    padded[:rows, :cols] = scale
+    # r = 128*tile_r + 32*r1 + r0, c = 4*tile_c + c0  ->  (tile_r, tile_c, r0, r1, c0)
+    tiles = padded.reshape(padded_rows // 128, 4, 32, padded_cols // 4, 4)
+    return np.ascontiguousarray(tiles.transpose(0, 3, 2, 1, 4)).reshape(padded_rows, padded_cols)
+
+
+def from_cublas_blocked(blocked: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """Inverse of `to_cublas_blocked`: the `rows x cols` plain scale matrix."""
+    expected = cublas_blocked_shape(rows, cols)
+    if blocked.shape != expected:
+        raise ValueError(
+            f"a cublas_blocked scale for a {rows}x{cols} matrix has shape {expected}, "
+            f"got {blocked.shape}"
+        )
+    padded_rows, padded_cols = expected
+    tiles = blocked.reshape(padded_rows // 128, padded_cols // 4, 32, 4, 4)
+    plain = tiles.transpose(0, 3, 2, 1, 4).reshape(padded_rows, padded_cols)
+    return np.ascontiguousarray(plain[:rows, :cols])

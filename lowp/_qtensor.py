@@ -1,0 +1,118 @@
+"""QTensor: a quantized tensor as plain arrays plus the scheme that made it."""
+
+import dataclasses
+import math
+
+import numpy as np
+
+from lowp import _layouts, _schemes
+
+HP_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class QTensor:
+    """Codes and scales of a quantized tensor (spec §3, §5, §9).
+
+    Attributes:
+      codes: uint8, one code a byte, except float4: two a byte along the last axis.
+      scale: float32 decode scales (Tensor/Axis/Block scaling), or uint8 codes of
+        float8_e8m0fnu (MX) or float8_e4m3fn (NVFP4) block scales.
+      global_scale: NVFP4's float32 per-tensor decode scale (0-d), else None.
+      scheme: the scheme the tensor was quantized with.
+      shape: logical shape of the high-precision tensor.
+      hp_dtype: "float32", "bfloat16" or "float16": what dequantize returns by default.
+      scale_layout: "plain" (the scheme's scale shape) or "cublas_blocked" (MX/NVFP4
+        along the last axis: the 2-D swizzled layout of spec §5).
+
+    Construction checks every field against the others, so a QTensor read from a
+    file is either consistent or refused.
+    """
+
+    codes: np.ndarray
+    scale: np.ndarray
+    global_scale: np.ndarray | None
+    scheme: _schemes.Scheme
+    shape: tuple[int, ...]
+    hp_dtype: str
+    scale_layout: str = "plain"
+
+    def __post_init__(self):
+        _schemes.check_scheme(self.scheme)
+        if not isinstance(self.shape, tuple) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in self.shape
+        ):
+            raise ValueError(f"QTensor.shape must be a tuple of non-negative ints, got {self.shape!r}")
+        self.scheme.check_shape(self.shape)
+        if self.hp_dtype not in HP_DTYPES:
+            raise ValueError(f"QTensor.hp_dtype must be one of {HP_DTYPES}, got {self.hp_dtype!r}")
+        _expect_array("codes", self.codes, np.uint8, codes_shape(self.scheme, self.shape))
+        scale_dtype = np.float32 if _schemes.scale_format(self.scheme) == "float32" else np.uint8
+        _expect_array(
+            "scale", self.scale, scale_dtype, stored_scale_shape(self.scheme, self.shape, self.scale_layout)
+        )
+        wants_global = isinstance(self.scheme, _schemes.NVFP4Scaling) and self.scheme.global_scale
+        if wants_global:
+            _expect_array("global_scale", self.global_scale, np.float32, ())
+        elif self.global_scale is not None:
+            raise ValueError(f"QTensor.global_scale must be None for {self.scheme}")
+
+    @property
+    def poisoned(self) -> bool:
+        """True if any group was poisoned by a NaN or Inf input (spec §6)."""
+        from lowp import _quantize  # the dequantize rules own the meaning of a NaN scale
+
+        return bool(_quantize.poisoned_groups(self).any())
+
+    def dequantize(self, out_dtype: str | None = None) -> np.ndarray:
+        """Shorthand for `lowp.dequantize(self, out_dtype)`."""
+        from lowp import _quantize
+
+        return _quantize.dequantize(self, out_dtype)
+
+    @property
+    def nbytes(self) -> int:
+        extra = 0 if self.global_scale is None else self.global_scale.nbytes
+        return self.codes.nbytes + self.scale.nbytes + extra
+
+    def __repr__(self):
+        return (
+            f"QTensor(shape={self.shape}, hp_dtype={self.hp_dtype!r}, scheme={self.scheme}, "
+            f"codes={self.codes.dtype}{list(self.codes.shape)}, "
+            f"scale={self.scale.dtype}{list(self.scale.shape)}, scale_layout={self.scale_layout!r})"
+        )
+
+
+def codes_shape(scheme: _schemes.Scheme, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Shape of the stored codes: the logical shape, last dim halved for float4."""
+    if scheme.fmt == "float4_e2m1fn":
+        return shape[:-1] + (shape[-1] // 2,)
+    return shape
+
+
+def stored_scale_shape(scheme: _schemes.Scheme, shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
+    """Shape of the stored scales in `layout` (validating that the layout applies)."""
+    if layout == "plain":
+        return scheme.scale_shape(shape)
+    if layout == "cublas_blocked":
+        rows, cols = blocked_matrix_shape(scheme, shape)
+        return _layouts.cublas_blocked_shape(rows, cols)
+    raise ValueError(f"unknown scale layout {layout!r}; expected one of {_layouts.SCALE_LAYOUTS}")
+
+
+def blocked_matrix_shape(scheme: _schemes.Scheme, shape: tuple[int, ...]) -> tuple[int, int]:
+    """The scales of an MX/NVFP4 tensor blocked along its last axis, seen as a matrix."""
+    if not isinstance(scheme, (_schemes.MXScaling, _schemes.NVFP4Scaling)):
+        raise ValueError(f"the cublas_blocked layout is for MX and NVFP4 scales, not {scheme}")
+    if _schemes.normalize_axis(scheme.axis, len(shape), scheme) != len(shape) - 1:
+        raise ValueError(f"the cublas_blocked layout needs the blocks along the last axis ({scheme})")
+    return math.prod(shape[:-1]), shape[-1] // scheme.block
+
+
+def _expect_array(field, value, dtype, shape) -> None:
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"QTensor.{field} must be a numpy array, got {type(value).__name__}")
+    if value.dtype != dtype:
+        raise TypeError(f"QTensor.{field} must be {np.dtype(dtype).name}, got {value.dtype}")
+    if value.shape != tuple(shape):
+        raise ValueError(f"QTensor.{field} must have shape {tuple(shape)}, got {value.shape}")
