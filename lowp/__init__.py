@@ -7,6 +7,7 @@ from lowp._formats import ELEMENT_FORMATS, FORMATS, SCALE_FORMATS, Format, decod
 from lowp._layouts import from_cublas_blocked, pack_fp4, to_cublas_blocked, unpack_fp4
 from lowp._qtensor import QTensor
 from lowp._quantize import dequantize, quantize
+from lowp._recipes import GemmSpec, InferenceConfig, Recipe
 from lowp._rounding import random_bits
 from lowp._schemes import AxisScaling, BlockScaling, MXScaling, NVFP4Scaling, Scheme, TensorScaling
 
@@ -16,9 +17,12 @@ __all__ = [
     "ELEMENT_FORMATS",
     "FORMATS",
     "Format",
+    "GemmSpec",
+    "InferenceConfig",
     "MXScaling",
     "NVFP4Scaling",
     "QTensor",
+    "Recipe",
     "SCALE_FORMATS",
     "Scheme",
     "TensorScaling",

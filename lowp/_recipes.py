@@ -1,0 +1,224 @@
+"""Training recipes and inference presets (spec §8), defined once for both frontends.
+
+Orientation: every GEMM is written `y = a @ b.T` with both operands stored with the
+reduction axis last (the layout cuBLAS's fp8 GEMMs read: row-major A, column-major B).
+For `y = x @ w.T` with x: (M, K), w: (N, K), g = dL/dy: (M, N):
+
+  forward  y  = x  @ w.T      a = x   (M, K)   b = w    (N, K)   reduce over K
+  dgrad    dx = g  @ w        a = g   (M, N)   b = w.T  (K, N)   reduce over N
+  wgrad    dw = g.T @ x       a = g.T (N, M)   b = x.T  (K, M)   reduce over M
+
+so every operand scheme below scales along axis -1 of the operand as the GEMM reads
+it, and the frontend builds `a` and `b` by transposing the high-precision tensor
+(never another orientation's codes) before quantizing. The one exception is
+tensorwise scaling, whose single scale does not care about orientation: a frontend
+may transpose those codes instead of re-quantizing (`GemmSpec.reusable_codes`).
+"""
+
+import dataclasses
+
+from lowp import _schemes
+
+_E4M3 = "float8_e4m3fn"
+_E5M2 = "float8_e5m2"
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmSpec:
+    """How one GEMM `a @ b.T` of a recipe runs.
+
+    Attributes:
+      a, b: the scheme each operand is quantized with (reduction axis last), or both
+        None: this GEMM runs in high precision.
+      fast_accum: allow the GEMM's fast (reduced-precision) fp8 accumulation.
+    """
+
+    a: _schemes.Scheme | None
+    b: _schemes.Scheme | None
+    fast_accum: bool = False
+
+    def __post_init__(self):
+        if (self.a is None) != (self.b is None):
+            raise ValueError(f"GemmSpec: quantize both operands or neither, got a={self.a}, b={self.b}")
+        for operand in (self.a, self.b):
+            if operand is not None:
+                _schemes.check_scheme(operand)
+                if getattr(operand, "axis", -1) != -1:
+                    raise ValueError(
+                        f"GemmSpec operands scale along their reduction axis, stored last: "
+                        f"axis must be -1, got {operand}"
+                    )
+        if not isinstance(self.fast_accum, bool):
+            raise TypeError(f"GemmSpec.fast_accum must be a bool, got {self.fast_accum!r}")
+        if self.a is None and self.fast_accum:
+            raise ValueError("GemmSpec: fast_accum applies to quantized GEMMs only")
+
+    @property
+    def high_precision(self) -> bool:
+        return self.a is None
+
+    @property
+    def reusable_codes(self) -> bool:
+        """True if both operands use tensorwise scaling, whose codes survive a transpose."""
+        return isinstance(self.a, _schemes.TensorScaling) and isinstance(self.b, _schemes.TensorScaling)
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A low-precision training recipe: the three GEMMs of a linear layer.
+
+    Attributes:
+      name: the recipe's name in spec §8.
+      forward, dgrad, wgrad: the GemmSpec of y = x w^T, dx = g w, dw = g^T x.
+      fp32_weight_grad_accumulation: accumulate weight gradients in float32 across
+        micro-batches (the frontends keep the float32 buffer).
+
+    >>> Recipe.from_name("float8_rowwise").dgrad.a
+    AxisScaling(fmt='float8_e4m3fn', axis=-1, pow2=True)
+    """
+
+    name: str
+    forward: GemmSpec
+    dgrad: GemmSpec
+    wgrad: GemmSpec
+    fp32_weight_grad_accumulation: bool = False
+
+    def __post_init__(self):
+        for field in ("forward", "dgrad", "wgrad"):
+            if not isinstance(getattr(self, field), GemmSpec):
+                raise TypeError(f"Recipe.{field} must be a GemmSpec, got {getattr(self, field)!r}")
+        if self.forward.high_precision:
+            raise ValueError(f"Recipe {self.name!r}: the forward GEMM must be quantized")
+        if not isinstance(self.fp32_weight_grad_accumulation, bool):
+            raise TypeError("Recipe.fp32_weight_grad_accumulation must be a bool")
+
+    @staticmethod
+    def names() -> tuple[str, ...]:
+        return tuple(_RECIPES)
+
+    @classmethod
+    def from_name(cls, name: str) -> "Recipe":
+        """The recipe called `name` (spec §8); ValueError naming it if unknown."""
+        if name in _RECIPES:
+            return _RECIPES[name]()
+        hint = ""
+        if name in _TORCHAO_RECIPE_NAMES:
+            hint = f" (torchao calls {_TORCHAO_RECIPE_NAMES[name]!r} {name!r})"
+        raise ValueError(f"unknown recipe {name!r}{hint}; expected one of {cls.names()}")
+
+
+def _float8_tensorwise() -> Recipe:
+    x_w = _schemes.TensorScaling(_E4M3)
+    grad = _schemes.TensorScaling(_E5M2)
+    return Recipe(
+        name="float8_tensorwise",
+        forward=GemmSpec(x_w, x_w, fast_accum=True),
+        dgrad=GemmSpec(grad, x_w),
+        wgrad=GemmSpec(grad, x_w),
+    )
+
+
+def _float8_rowwise() -> Recipe:
+    rowwise = _schemes.AxisScaling(_E4M3, axis=-1, pow2=True)
+    return Recipe(
+        name="float8_rowwise",
+        forward=GemmSpec(rowwise, rowwise, fast_accum=True),
+        dgrad=GemmSpec(rowwise, rowwise),
+        wgrad=GemmSpec(rowwise, rowwise),
+    )
+
+
+def _float8_rowwise_gw_hp() -> Recipe:
+    rowwise = _schemes.AxisScaling(_E4M3, axis=-1, pow2=True)
+    return Recipe(
+        name="float8_rowwise_gw_hp",
+        forward=GemmSpec(rowwise, rowwise, fast_accum=True),
+        dgrad=GemmSpec(rowwise, _schemes.TensorScaling(_E4M3, pow2=True)),
+        wgrad=GemmSpec(None, None),
+    )
+
+
+def _mxfp8() -> Recipe:
+    mx = _schemes.MXScaling(_E4M3, block=32, mode="rceil", axis=-1)
+    return Recipe(
+        name="mxfp8",
+        forward=GemmSpec(mx, mx, fast_accum=True),
+        dgrad=GemmSpec(mx, mx),
+        wgrad=GemmSpec(mx, mx),
+    )
+
+
+def _mxfp8_gw_hp() -> Recipe:
+    mx = _schemes.MXScaling(_E4M3, block=32, mode="rceil", axis=-1)
+    return Recipe(
+        name="mxfp8_gw_hp",
+        forward=GemmSpec(mx, mx, fast_accum=True),
+        dgrad=GemmSpec(mx, mx),
+        wgrad=GemmSpec(None, None),
+    )
+
+
+_RECIPES = {
+    "float8_tensorwise": _float8_tensorwise,
+    "float8_rowwise": _float8_rowwise,
+    "float8_rowwise_gw_hp": _float8_rowwise_gw_hp,
+    "mxfp8": _mxfp8,
+    "mxfp8_gw_hp": _mxfp8_gw_hp,
+}
+_TORCHAO_RECIPE_NAMES = {
+    "tensorwise": "float8_tensorwise",
+    "rowwise": "float8_rowwise",
+    "rowwise_with_gw_hp": "float8_rowwise_gw_hp",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceConfig:
+    """How `quantize_` / `quantize_params` quantize a linear layer for inference.
+
+    Attributes:
+      weight: scheme for the weight, stored (out_features, in_features) and scaled
+        along in_features (axis -1) where the scheme has an axis.
+      activation: scheme for the activation, quantized dynamically at each call, or
+        None for weight-only quantization (the matmul runs in high precision).
+
+    >>> InferenceConfig.from_name("mxfp4").weight
+    MXScaling(fmt='float4_e2m1fn', block=32, mode='rceil', axis=-1)
+    """
+
+    weight: _schemes.Scheme
+    activation: _schemes.Scheme | None = None
+
+    def __post_init__(self):
+        _schemes.check_scheme(self.weight)
+        if self.activation is not None:
+            _schemes.check_scheme(self.activation)
+
+    @staticmethod
+    def names() -> tuple[str, ...]:
+        return tuple(_PRESETS)
+
+    @classmethod
+    def from_name(cls, name: str) -> "InferenceConfig":
+        """The preset called `name` (spec §8); ValueError naming it if unknown."""
+        if name not in _PRESETS:
+            raise ValueError(f"unknown inference preset {name!r}; expected one of {cls.names()}")
+        weight, activation = _PRESETS[name]
+        return cls(weight=weight, activation=activation)
+
+
+_PRESETS = {
+    "float8_tensorwise": (_schemes.TensorScaling(_E4M3), _schemes.TensorScaling(_E4M3)),
+    "float8_rowwise": (_schemes.AxisScaling(_E4M3, axis=-1), _schemes.AxisScaling(_E4M3, axis=-1)),
+    "float8_weight_only": (_schemes.AxisScaling(_E4M3, axis=-1), None),
+    "float8_block": (
+        _schemes.BlockScaling(_E4M3, block=(128, 128)),
+        _schemes.BlockScaling(_E4M3, block=(1, 128)),
+    ),
+    "mxfp8": (_schemes.MXScaling(_E4M3, mode="rceil"), _schemes.MXScaling(_E4M3, mode="rceil")),
+    "mxfp4": (
+        _schemes.MXScaling("float4_e2m1fn", mode="rceil"),
+        _schemes.MXScaling("float4_e2m1fn", mode="rceil"),
+    ),
+    "nvfp4": (_schemes.NVFP4Scaling(global_scale=True), _schemes.NVFP4Scaling(global_scale=True)),
+}
