@@ -103,7 +103,7 @@ class Recipe:
             return _RECIPES[name]()
         hint = ""
         if name in _TORCHAO_RECIPE_NAMES:
-            hint = f" (torchao calls {_TORCHAO_RECIPE_NAMES[name]!r} {name!r})"
+            hint = f" ({name!r} is torchao's name for {_TORCHAO_RECIPE_NAMES[name]!r})"
         raise ValueError(f"unknown recipe {name!r}{hint}; expected one of {cls.names()}")
 
 
