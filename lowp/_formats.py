@@ -152,7 +152,7 @@ def encode(v: np.ndarray, fmt: Format) -> np.ndarray:
 def _value_table(fmt: Format) -> np.ndarray:
     codes = np.arange(1 << fmt.bits, dtype=np.int64)
     if not fmt.signed:  # e8m0: the byte is the biased exponent, 0xFF is NaN
-        values = np.ldexp(1.0, codes - fmt.bias)
+        values = np.ldexp(1.0, np.minimum(codes, 254) - fmt.bias)  # 0xFF: NaN, set below
     else:
         sign = np.where(codes >> (fmt.ebits + fmt.mbits) & 1, -1.0, 1.0)
         exp_field = (codes >> fmt.mbits) & ((1 << fmt.ebits) - 1)

@@ -70,6 +70,20 @@ class QTensor:
 
         return _quantize.dequantize(self, out_dtype)
 
+    def with_scale_layout(self, layout: str) -> "QTensor":
+        """The same tensor with its scales in `layout` ("plain" or "cublas_blocked")."""
+        if layout == self.scale_layout:
+            return self
+        stored_scale_shape(self.scheme, self.shape, layout)  # validates the layout applies
+        rows, cols = blocked_matrix_shape(self.scheme, self.shape)
+        if layout == "cublas_blocked":
+            scale = _layouts.to_cublas_blocked(self.scale.reshape(rows, cols))
+        else:
+            scale = _layouts.from_cublas_blocked(self.scale, rows, cols).reshape(
+                self.scheme.scale_shape(self.shape)
+            )
+        return dataclasses.replace(self, scale=scale, scale_layout=layout)
+
     @property
     def nbytes(self) -> int:
         extra = 0 if self.global_scale is None else self.global_scale.nbytes

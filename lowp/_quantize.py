@@ -223,12 +223,7 @@ def _quantize_nvfp4(xf, absb, scheme, random, block_amax, block_poisoned):
 
 
 def _plain_scale(q: _qtensor.QTensor) -> np.ndarray:
-    """q.scale in the plain layout."""
-    if q.scale_layout == "plain":
-        return q.scale
-    rows, cols = _qtensor.blocked_matrix_shape(q.scheme, q.shape)
-    plain = _layouts.from_cublas_blocked(q.scale, rows, cols)
-    return plain.reshape(q.scheme.scale_shape(q.shape))
+    return q.with_scale_layout("plain").scale
 
 
 def poisoned_groups(q: _qtensor.QTensor) -> np.ndarray:
