@@ -1,0 +1,122 @@
+"""Schemes, recipes and presets check themselves (spec §3, §8)."""
+
+import dataclasses
+
+import pytest
+
+import lowp
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: lowp.TensorScaling("float8_e4m3"), ValueError, "'float8_e4m3'"),
+        (lambda: lowp.TensorScaling(pow2=1), TypeError, "pow2"),
+        (lambda: lowp.AxisScaling(axis=1.0), TypeError, "axis"),
+        (lambda: lowp.BlockScaling(block=(1, 0)), ValueError, "block"),
+        (lambda: lowp.BlockScaling(block=128), ValueError, "pair"),
+        (lambda: lowp.MXScaling(mode="round"), ValueError, "'round'"),
+        (lambda: lowp.MXScaling(block=-32), ValueError, "-32"),
+        (lambda: lowp.MXScaling(fmt="float8_e8m0fnu"), ValueError, "float8_e8m0fnu"),
+        (lambda: lowp.NVFP4Scaling(global_scale="yes"), TypeError, "global_scale"),
+    ],
+)
+def test_schemes_refuse_bad_fields(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_schemes_are_frozen_and_hashable():
+    s = lowp.BlockScaling(block=[128, 128])
+    assert s.block == (128, 128) and hash(s) == hash(lowp.BlockScaling(block=(128, 128)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.pow2 = True
+
+
+def test_scale_shapes():
+    assert lowp.TensorScaling().scale_shape((3, 4)) == ()
+    assert lowp.AxisScaling(axis=0).scale_shape((3, 4)) == (1, 4)
+    assert lowp.BlockScaling(block=(2, 3)).scale_shape((5, 3, 7)) == (5, 2, 3)
+    assert lowp.MXScaling(axis=-2).scale_shape((2, 64, 3)) == (2, 2, 3)
+    assert lowp.NVFP4Scaling().scale_shape((4, 64)) == (4, 4)
+
+
+@pytest.mark.parametrize(
+    "name, forward, dgrad, wgrad",
+    [
+        (
+            "float8_tensorwise",
+            (lowp.TensorScaling("float8_e4m3fn"), lowp.TensorScaling("float8_e4m3fn")),
+            (lowp.TensorScaling("float8_e5m2"), lowp.TensorScaling("float8_e4m3fn")),
+            (lowp.TensorScaling("float8_e5m2"), lowp.TensorScaling("float8_e4m3fn")),
+        ),
+        (
+            "float8_rowwise",
+            (lowp.AxisScaling(pow2=True),) * 2,
+            (lowp.AxisScaling(pow2=True),) * 2,
+            (lowp.AxisScaling(pow2=True),) * 2,
+        ),
+        (
+            "float8_rowwise_gw_hp",
+            (lowp.AxisScaling(pow2=True),) * 2,
+            (lowp.AxisScaling(pow2=True), lowp.TensorScaling(pow2=True)),
+            (None, None),
+        ),
+        ("mxfp8", (lowp.MXScaling(mode="rceil"),) * 2, (lowp.MXScaling(mode="rceil"),) * 2, (lowp.MXScaling(mode="rceil"),) * 2),
+        ("mxfp8_gw_hp", (lowp.MXScaling(mode="rceil"),) * 2, (lowp.MXScaling(mode="rceil"),) * 2, (None, None)),
+    ],
+)
+def test_recipes_follow_the_spec_table(name, forward, dgrad, wgrad):
+    recipe = lowp.Recipe.from_name(name)
+    assert recipe.name == name
+    for gemm, (a, b) in ((recipe.forward, forward), (recipe.dgrad, dgrad), (recipe.wgrad, wgrad)):
+        assert (gemm.a, gemm.b) == (a, b)
+    assert recipe.forward.fast_accum and not recipe.dgrad.fast_accum and not recipe.wgrad.fast_accum
+    assert recipe.wgrad.high_precision == (wgrad == (None, None))
+    assert recipe.forward.reusable_codes == (name == "float8_tensorwise")
+
+
+def test_recipe_names_and_errors():
+    assert lowp.Recipe.names() == ("float8_tensorwise", "float8_rowwise", "float8_rowwise_gw_hp", "mxfp8", "mxfp8_gw_hp")
+    with pytest.raises(ValueError, match="torchao's name for 'float8_rowwise_gw_hp'"):
+        lowp.Recipe.from_name("rowwise_with_gw_hp")
+    with pytest.raises(ValueError, match="'nvfp4'"):
+        lowp.Recipe.from_name("nvfp4")
+    with pytest.raises(ValueError, match="both operands or neither"):
+        lowp.GemmSpec(lowp.TensorScaling(), None)
+    with pytest.raises(ValueError, match="axis must be -1"):
+        lowp.GemmSpec(lowp.AxisScaling(axis=0), lowp.AxisScaling())
+    with pytest.raises(ValueError, match="forward GEMM must be quantized"):
+        lowp.Recipe("x", lowp.GemmSpec(None, None), lowp.GemmSpec(None, None), lowp.GemmSpec(None, None))
+
+
+def test_recipes_are_frozen_and_replaceable():
+    recipe = lowp.Recipe.from_name("mxfp8")
+    accumulating = dataclasses.replace(recipe, fp32_weight_grad_accumulation=True)
+    assert accumulating.fp32_weight_grad_accumulation and not recipe.fp32_weight_grad_accumulation
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        recipe.name = "other"
+
+
+@pytest.mark.parametrize(
+    "name, weight, activation",
+    [
+        ("float8_tensorwise", lowp.TensorScaling(), lowp.TensorScaling()),
+        ("float8_rowwise", lowp.AxisScaling(), lowp.AxisScaling()),
+        ("float8_weight_only", lowp.AxisScaling(), None),
+        ("float8_block", lowp.BlockScaling(block=(128, 128)), lowp.BlockScaling(block=(1, 128))),
+        ("mxfp8", lowp.MXScaling(mode="rceil"), lowp.MXScaling(mode="rceil")),
+        ("mxfp4", lowp.MXScaling("float4_e2m1fn", mode="rceil"), lowp.MXScaling("float4_e2m1fn", mode="rceil")),
+        ("nvfp4", lowp.NVFP4Scaling(), lowp.NVFP4Scaling()),
+    ],
+)
+def test_inference_presets_follow_the_spec_table(name, weight, activation):
+    config = lowp.InferenceConfig.from_name(name)
+    assert (config.weight, config.activation) == (weight, activation)
+
+
+def test_inference_config_checks_its_fields():
+    with pytest.raises(ValueError, match="'int8'"):
+        lowp.InferenceConfig.from_name("int8")
+    with pytest.raises(TypeError, match="scheme"):
+        lowp.InferenceConfig(weight="float8_e4m3fn")
