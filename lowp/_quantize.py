@@ -133,7 +133,8 @@ def quantize(
     Returns:
       A QTensor with the plain scale layout.
 
-    >>> q = quantize(np.array([1.0, -2.0, 448.0], np.float32), TensorScaling())
+    >>> import lowp
+    >>> q = lowp.quantize(np.array([1.0, -2.0, 448.0], np.float32), lowp.TensorScaling())
     >>> q.codes.tolist(), float(q.scale)
     ([56, 192, 126], 1.0)
     """
