@@ -23,6 +23,8 @@ _CANONICAL_NAN_BITS = {"float32": 0x7FC00000, "bfloat16": 0x7FC0, "float16": 0x7
 
 def _hp_input(x, name: str) -> tuple[np.ndarray, str]:
     """float32 view of an accepted input and its dtype name; TypeError for the rest (§0.1)."""
+    if isinstance(x, np.generic):  # a numpy scalar is a 0-d array
+        x = np.asarray(x)
     if not isinstance(x, np.ndarray):
         raise TypeError(
             f"{name}: lowp.quantize takes a numpy array, got {type(x).__name__}; "
