@@ -1,0 +1,488 @@
+"""Saving and loading QTensors and arrays as safetensors files (spec §9).
+
+The safetensors container is read and written here with numpy rather than through the
+`safetensors` package: that package's Python API for dtypes numpy lacks changed
+incompatibly in 0.8 (`serialize` takes TensorSpecs with raw pointers) and
+`safetensors.numpy` has no bfloat16, while the format itself is stable. Layout: an
+8-byte little-endian header length N, N bytes of UTF-8 JSON, then the raw tensor bytes,
+each tensor at its `data_offsets` relative to the end of the header.
+
+A QTensor `NAME` becomes the tensors `NAME.codes`, `NAME.scale` and (NVFP4 with a global
+scale) `NAME.global_scale`, with its scheme, shape, hp_dtype and scale layout as JSON under
+the header's `__metadata__` key `lowp`. Byte order is little-endian on disk; lowp assumes a
+little-endian host, as numpy's float8/bfloat16 dtypes in ml_dtypes do.
+"""
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import struct
+import uuid
+from collections.abc import Mapping
+
+import ml_dtypes
+import numpy as np
+
+from lowp import _qtensor, _schemes
+
+LOWP_FORMAT = 1
+METADATA_KEY = "lowp"
+
+# The safetensors dtype names lowp reads and writes, and the numpy dtype of each.
+_DTYPES = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U64": np.dtype("<u8"),
+    "U32": np.dtype("<u4"),
+    "U16": np.dtype("<u2"),
+    "U8": np.dtype("u1"),
+    "BOOL": np.dtype(np.bool_),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
+}
+_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+
+# Each scheme kind's JSON fields and their JSON types. Written out rather than read off
+# dataclasses.fields so that a file's schema is visible here; a test checks it against
+# the dataclasses, so a new scheme field cannot be silently dropped on save.
+SCHEME_FIELDS = {
+    "TensorScaling": (_schemes.TensorScaling, {"fmt": str, "pow2": bool}),
+    "AxisScaling": (_schemes.AxisScaling, {"fmt": str, "axis": int, "pow2": bool}),
+    "BlockScaling": (_schemes.BlockScaling, {"fmt": str, "block": list, "pow2": bool}),
+    "MXScaling": (_schemes.MXScaling, {"fmt": str, "block": int, "mode": str, "axis": int}),
+    "NVFP4Scaling": (_schemes.NVFP4Scaling, {"block": int, "global_scale": bool, "axis": int}),
+}
+_ENTRY_FIELDS = ("scheme", "shape", "hp_dtype", "scale_layout")
+
+
+def save(path: str | os.PathLike, tensors: Mapping[str, "_qtensor.QTensor | np.ndarray"]):
+    """Write QTensors and plain arrays to one safetensors file, atomically.
+
+    Args:
+      path: the file to write; replaced in one step (temporary file + os.replace), so a
+        reader never sees half a file.
+      tensors: name -> QTensor, or name -> numpy array of a safetensors dtype (float64,
+        float32, float16, bfloat16, float8_e4m3fn, float8_e5m2, float8_e8m0fnu, signed and
+        unsigned 8- to 64-bit ints, bool), of any shape including 0-d and empty.
+
+    Raises:
+      TypeError: a value that is neither a QTensor nor a numpy array of a supported dtype.
+      ValueError: a non-str name, or two names that would be stored under one tensor name
+        (a plain `w.codes` next to QTensor `w`).
+
+    >>> import os, tempfile, lowp
+    >>> q = lowp.quantize(np.ones((2, 32), np.float32), lowp.MXScaling())
+    >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+    >>> save(path, {"w": q, "b": np.zeros(2, np.float32)})
+    >>> loaded = load(path)
+    >>> sorted(loaded), loaded["w"].scheme
+    (['b', 'w'], MXScaling(fmt='float8_e4m3fn', block=32, mode='floor', axis=1))
+    """
+    arrays, entries = _flatten(tensors)
+    lowp_json = json.dumps({"lowp_format": LOWP_FORMAT, "tensors": entries}, separators=(",", ":"))
+    _write_safetensors(path, arrays, {METADATA_KEY: lowp_json})
+
+
+def load(path: str | os.PathLike) -> dict[str, "_qtensor.QTensor | np.ndarray"]:
+    """Read a safetensors file written by `save` (or by anything else) into memory.
+
+    A file without lowp's metadata loads as plain arrays (a Hugging Face checkpoint, say).
+    With it, each QTensor entry is rebuilt from its `.codes`/`.scale`/`.global_scale`
+    tensors; the scheme's axis comes back normalised to non-negative (spec §9), e.g.
+    `MXScaling(axis=1)` for a rank-2 tensor saved with `axis=-1`.
+
+    Returns:
+      name -> QTensor or numpy array, sorted by name; arrays are fresh in-memory copies.
+
+    Raises:
+      ValueError: naming the file and the problem, for a corrupt container, a file from a
+        newer lowp, or a QTensor entry that is malformed or disagrees with its arrays.
+    """
+    arrays, metadata = _read_safetensors(path)
+    if METADATA_KEY not in metadata:
+        return arrays
+    entries = _parse_lowp_metadata(metadata[METADATA_KEY], path)
+    # Components first, then clashes: QTensors `w` and `w.codes` may share a file
+    # (stored as w.codes, w.codes.codes, ...), but a plain `w` beside QTensor `w` may not.
+    loaded = {name: _qtensor_from_entry(name, e, arrays, path) for name, e in entries.items()}
+    clashes = sorted(set(loaded) & set(arrays))
+    if clashes:
+        raise _error(path, f"tensor {clashes[0]!r} is both a plain tensor and a QTensor entry")
+    loaded.update(arrays)  # what no QTensor claimed stays a plain array
+    return dict(sorted(loaded.items()))
+
+
+def read_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Plain numpy arrays from a `.safetensors` or `.npz` file, by its suffix.
+
+    QTensors are not rebuilt: a lowp file gives its `NAME.codes`, `NAME.scale`, ...
+    arrays. `.npz` files load without pickle, so object arrays are refused.
+    """
+    suffix = os.path.splitext(os.fspath(path))[1].lower()
+    if suffix == ".safetensors":
+        return _read_safetensors(path)[0]
+    if suffix == ".npz":
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    raise _error(path, f"expected a .safetensors or .npz file, got suffix {suffix!r}")
+
+
+# --- QTensors <-> named arrays and lowp metadata ---
+
+
+def _flatten(tensors) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+    """The arrays to store under each name, and the metadata entry of each QTensor."""
+    if not isinstance(tensors, Mapping):
+        raise TypeError(f"save takes a dict name -> QTensor or array, got {type(tensors).__name__}")
+    arrays, owners, entries = {}, {}, {}
+    for name, value in tensors.items():
+        if not isinstance(name, str):
+            raise ValueError(f"tensor names must be str, got {name!r} ({type(name).__name__})")
+        if isinstance(value, _qtensor.QTensor):
+            parts, entries[name] = _qtensor_parts(name, value)
+        elif isinstance(value, np.ndarray):
+            parts = {name: _plain_array(name, value)}
+        else:
+            raise TypeError(
+                f"tensor {name!r}: expected a QTensor or numpy array, got {type(value).__name__}"
+            )
+        for stored, array in parts.items():
+            if stored == "__metadata__":
+                raise ValueError(f"tensor name {name!r}: '__metadata__' is reserved by safetensors")
+            if stored in owners:
+                raise ValueError(
+                    f"tensors {owners[stored]!r} and {name!r} would both be stored as {stored!r}"
+                )
+            owners[stored], arrays[stored] = name, array
+    return arrays, entries
+
+
+def _qtensor_parts(name: str, q: "_qtensor.QTensor") -> tuple[dict[str, np.ndarray], dict]:
+    try:  # rebuild to re-run the checks: arrays are mutable and may have been reshaped since
+        q = dataclasses.replace(q)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"tensor {name!r}: {e}") from e
+    parts = {f"{name}.codes": q.codes, f"{name}.scale": q.scale}
+    if q.global_scale is not None:
+        parts[f"{name}.global_scale"] = q.global_scale
+    entry = {
+        "scheme": _scheme_to_json(q.scheme, len(q.shape)),
+        "shape": list(q.shape),
+        "hp_dtype": q.hp_dtype,
+        "scale_layout": q.scale_layout,
+    }
+    return {stored: _plain_array(stored, a) for stored, a in parts.items()}, entry
+
+
+def _scheme_to_json(scheme: _schemes.Scheme, rank: int) -> dict:
+    kind = type(scheme).__name__
+    scheme_type, fields = SCHEME_FIELDS.get(kind, (None, {}))
+    if type(scheme) is not scheme_type:  # a subclass could carry fields we would drop
+        raise TypeError(f"cannot save {scheme!r}: lowp files hold {tuple(SCHEME_FIELDS)} only")
+    out = {"kind": kind}
+    for field in fields:
+        value = getattr(scheme, field)
+        if field == "axis":  # spec §9: a file says which axis, not how it was spelled
+            value = _schemes.normalize_axis(value, rank, scheme)
+        out[field] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _parse_lowp_metadata(text: str, path) -> dict:
+    """The `tensors` map of lowp's metadata, after checking its version and shape."""
+    try:
+        doc = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
+    except ValueError as e:
+        raise _error(path, f"the {METADATA_KEY!r} metadata is not valid JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise _error(path, f"the {METADATA_KEY!r} metadata must be a JSON object")
+    version = doc.get("lowp_format")
+    if not _is_int(version):
+        raise _error(path, f"the {METADATA_KEY!r} metadata needs an int lowp_format: {version!r}")
+    if version > LOWP_FORMAT:
+        raise _error(
+            path,
+            f"written by a newer lowp (lowp_format {version}); this lowp reads lowp_format "
+            f"{LOWP_FORMAT}: upgrade lowp",
+        )
+    if version < 1:
+        raise _error(path, f"unknown lowp_format {version}")
+    _check_keys(doc, ("lowp_format", "tensors"), f"the {METADATA_KEY!r} metadata", path)
+    if not isinstance(doc["tensors"], dict):
+        raise _error(path, f"the {METADATA_KEY!r} metadata: field 'tensors' must be an object")
+    return doc["tensors"]
+
+
+def _qtensor_from_entry(name: str, entry, arrays: dict, path) -> "_qtensor.QTensor":
+    """Rebuild QTensor `name`, taking its component arrays out of `arrays`."""
+    where = f"QTensor {name!r}"
+    if not isinstance(entry, dict):
+        raise _error(path, f"{where}: metadata entry must be an object, got {entry!r}")
+    _check_keys(entry, _ENTRY_FIELDS, where, path)
+    scheme = _scheme_from_json(entry["scheme"], where, path)
+    shape = entry["shape"]
+    if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape):
+        raise _error(path, f"{where}: field 'shape' must be a list of ints >= 0, got {shape!r}")
+    for field in ("hp_dtype", "scale_layout"):
+        if not isinstance(entry[field], str):
+            raise _error(path, f"{where}: field {field!r} must be a string, got {entry[field]!r}")
+    codes = _take(arrays, name, "codes", path)
+    scale = _take(arrays, name, "scale", path)
+    wants_global = isinstance(scheme, _schemes.NVFP4Scaling) and scheme.global_scale
+    # A global_scale the scheme has no use for is passed on so that QTensor refuses it.
+    if wants_global:
+        global_scale = _take(arrays, name, "global_scale", path)
+    else:
+        global_scale = arrays.pop(f"{name}.global_scale", None)
+    try:
+        return _qtensor.QTensor(
+            codes=codes,
+            scale=scale,
+            global_scale=global_scale,
+            scheme=scheme,
+            shape=tuple(shape),
+            hp_dtype=entry["hp_dtype"],
+            scale_layout=entry["scale_layout"],
+        )
+    except (TypeError, ValueError) as e:
+        raise _error(path, f"{where} does not match its arrays: {e}") from e
+
+
+def _scheme_from_json(doc, where: str, path) -> _schemes.Scheme:
+    if not isinstance(doc, dict):
+        raise _error(path, f"{where}: field 'scheme' must be an object, got {doc!r}")
+    kind = doc.get("kind")
+    if kind not in SCHEME_FIELDS:
+        raise _error(
+            path, f"{where}: unknown scheme kind {kind!r}; expected one of {tuple(SCHEME_FIELDS)}"
+        )
+    scheme_type, fields = SCHEME_FIELDS[kind]
+    _check_keys(doc, ("kind", *fields), f"{where} scheme", path)
+    for field, json_type in fields.items():
+        value = doc[field]
+        right_type = _is_int(value) if json_type is int else isinstance(value, json_type)
+        if not right_type:
+            raise _error(
+                path, f"{where}: scheme field {field!r} must be {json_type.__name__}, got {value!r}"
+            )
+    if "axis" in fields and doc["axis"] < 0:
+        raise _error(
+            path, f"{where}: scheme field 'axis' must be stored normalised, >= 0 (spec §9), got "
+            f"{doc['axis']}",
+        )
+    try:
+        return scheme_type(**{field: doc[field] for field in fields})
+    except (TypeError, ValueError) as e:
+        raise _error(path, f"{where}: invalid scheme: {e}") from e
+
+
+def _take(arrays: dict, name: str, part: str, path) -> np.ndarray:
+    stored = f"{name}.{part}"
+    if stored not in arrays:
+        raise _error(path, f"QTensor {name!r}: missing tensor {stored!r}")
+    return arrays.pop(stored)
+
+
+# --- The safetensors container ---
+
+
+def _plain_array(name: str, array: np.ndarray) -> np.ndarray:
+    """`array` as a C-contiguous little-endian array of a safetensors dtype."""
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    if array.dtype not in _DTYPE_NAMES:
+        raise TypeError(
+            f"tensor {name!r}: dtype {array.dtype} cannot be stored; safetensors dtypes lowp "
+            f"writes: {', '.join(str(d) for d in _DTYPE_NAMES)}"
+        )
+    # Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).
+    return array if array.flags.c_contiguous else array.copy(order="C")
+
+
+def _write_safetensors(path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    names = sorted(arrays)
+    header, begin = {"__metadata__": metadata}, 0
+    for name in names:
+        array = arrays[name]
+        end = begin + array.nbytes
+        header[name] = {
+            "dtype": _DTYPE_NAMES[array.dtype],
+            "shape": list(array.shape),
+            "data_offsets": [begin, end],
+        }
+        begin = end
+    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    header_bytes += b" " * (-len(header_bytes) % 8)  # as safetensors pads: data starts 8-aligned
+    chunks = [struct.pack("<Q", len(header_bytes)), header_bytes]
+    chunks += [arrays[name].reshape(-1).view(np.uint8) for name in names]
+    _atomic_write(path, chunks)
+
+
+def _atomic_write(path, chunks) -> None:
+    path = os.fspath(path)
+    directory, base = os.path.split(path)
+    tmp = os.path.join(directory, f".{base}.{uuid.uuid4().hex}.tmp")
+    # os.open with 0o666 rather than tempfile: the file gets the umask's usual mode, not 0600.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(memoryview(chunk))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+def _read_safetensors(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """(name -> array sorted by name, __metadata__) of a validated safetensors file."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        header, data_start = _read_header(f, size, path)
+        metadata = _parse_metadata(header.pop("__metadata__", {}), path)
+        entries = [_parse_entry(name, info, path) for name, info in sorted(header.items())]
+        _check_offsets(entries, size - data_start, path)
+        arrays = {e.name: _read_tensor(f, data_start, e, path) for e in entries}
+    return arrays, metadata
+
+
+def _read_header(f, size: int, path) -> tuple[dict, int]:
+    if size < 8:
+        raise _error(
+            path, f"too short for a safetensors file: {size} bytes, under the 8-byte header length"
+        )
+    (n,) = struct.unpack("<Q", f.read(8))
+    if n > size - 8:
+        raise _error(
+            path,
+            f"header length {n} runs past the end of the file ({size} bytes): truncated, "
+            "or not a safetensors file",
+        )
+    try:
+        header = json.loads(f.read(n).decode("utf-8"), object_pairs_hook=_refuse_duplicate_keys)
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are both ValueErrors
+        raise _error(path, f"header is not valid UTF-8 JSON: {e}") from e
+    if not isinstance(header, dict):
+        raise _error(path, f"header must be a JSON object, got {type(header).__name__}")
+    return header, 8 + n
+
+
+def _parse_metadata(metadata, path) -> dict[str, str]:
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise _error(path, "__metadata__ must map strings to strings")
+    return metadata
+
+
+def _parse_entry(name: str, info, path) -> _Entry:
+    where = f"tensor {name!r}"
+    if not isinstance(info, dict):
+        raise _error(path, f"{where}: header entry must be an object, got {info!r}")
+    _check_keys(info, ("dtype", "shape", "data_offsets"), where, path)
+    dtype_name, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if dtype_name not in _DTYPES:
+        raise _error(
+            path, f"{where}: unknown dtype {dtype_name!r}; lowp reads {', '.join(_DTYPES)}"
+        )
+    if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape):
+        raise _error(path, f"{where}: shape must be a list of non-negative ints, got {shape!r}")
+    pair = isinstance(offsets, list) and len(offsets) == 2
+    if not pair or not all(_is_int(o) and o >= 0 for o in offsets) or offsets[0] > offsets[1]:
+        raise _error(path, f"{where}: data_offsets must be ints 0 <= begin <= end, got {offsets!r}")
+    begin, end = offsets
+    dtype = _DTYPES[dtype_name]
+    nbytes = math.prod(shape) * dtype.itemsize
+    if end - begin != nbytes:
+        raise _error(
+            path,
+            f"{where}: shape {shape} of {dtype_name} is {nbytes} bytes but data_offsets "
+            f"{offsets} hold {end - begin}",
+        )
+    return _Entry(name, dtype, tuple(shape), begin, end)
+
+
+def _check_offsets(entries: list[_Entry], data_size: int, path) -> None:
+    """The tensors must tile the data section exactly: no overlap, gap or trailing bytes."""
+    position, previous = 0, None
+    for e in sorted(entries, key=lambda e: (e.begin, e.end)):
+        if e.begin < position:
+            raise _error(
+                path, f"tensor {e.name!r}: data_offsets [{e.begin}, {e.end}] overlap {previous!r}'s"
+            )
+        if e.begin > position:
+            raise _error(
+                path,
+                f"tensor {e.name!r}: data_offsets [{e.begin}, {e.end}] leave a gap after byte "
+                f"{position}; safetensors offsets must be contiguous",
+            )
+        if e.end > data_size:
+            raise _error(
+                path,
+                f"tensor {e.name!r}: data_offsets [{e.begin}, {e.end}] out of bounds: the data "
+                f"section has {data_size} bytes (truncated file?)",
+            )
+        position, previous = e.end, e.name
+    if position != data_size:
+        raise _error(path, f"trailing garbage: {data_size - position} bytes after the last tensor")
+
+
+def _read_tensor(f, data_start: int, e: _Entry, path) -> np.ndarray:
+    # One read into a fresh buffer: the array owns aligned memory and outlives the file.
+    buffer = np.empty(e.end - e.begin, np.uint8)
+    f.seek(data_start + e.begin)
+    view, filled = memoryview(buffer), 0
+    while filled < len(buffer):
+        n = f.readinto(view[filled:])
+        if not n:
+            raise _error(path, f"tensor {e.name!r}: the file ended early (changed while loading?)")
+        filled += n
+    return buffer.view(e.dtype).reshape(e.shape)
+
+
+# --- Helpers ---
+
+
+def _error(path, message: str) -> ValueError:
+    return ValueError(f"{os.fspath(path)}: {message}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_keys(doc: dict, expected, where: str, path) -> None:
+    missing = [k for k in expected if k not in doc]
+    if missing:
+        raise _error(path, f"{where}: missing field {missing[0]!r}")
+    unknown = sorted(set(doc) - set(expected))
+    if unknown:  # an unknown field may change the meaning; refuse rather than guess
+        raise _error(path, f"{where}: unknown field {unknown[0]!r}")
+
+
+def _refuse_duplicate_keys(pairs: list) -> dict:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):  # json.loads would keep the last silently
+        seen = set()
+        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"duplicate key {duplicate!r}")
+    return doc
