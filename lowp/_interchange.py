@@ -85,7 +85,7 @@ def save(path: str | os.PathLike, tensors: Mapping[str, "_qtensor.QTensor | np.n
     >>> save(path, {"w": q, "b": np.zeros(2, np.float32)})
     >>> loaded = load(path)
     >>> sorted(loaded), loaded["w"].scheme
-    (['b', 'w'], MXScaling(fmt='float8_e4m3fn', block=32, mode='floor', axis=1))
+    (['b', 'w'], MXScaling(fmt='float8_e4m3fn', block=32, mode='floor', axis=-1))
     """
     arrays, entries = _flatten(tensors)
     lowp_json = json.dumps({"lowp_format": LOWP_FORMAT, "tensors": entries}, separators=(",", ":"))
@@ -97,8 +97,9 @@ def load(path: str | os.PathLike) -> dict[str, "_qtensor.QTensor | np.ndarray"]:
 
     A file without lowp's metadata loads as plain arrays (a Hugging Face checkpoint, say).
     With it, each QTensor entry is rebuilt from its `.codes`/`.scale`/`.global_scale`
-    tensors; the scheme's axis comes back normalised to non-negative (spec §9), e.g.
-    `MXScaling(axis=1)` for a rank-2 tensor saved with `axis=-1`.
+    tensors. The file stores the scheme's axis non-negative (spec §9); it comes back
+    counted from the end, as lowp's presets spell it: a rank-2 tensor saved with
+    `MXScaling(axis=1)` or `MXScaling(axis=-1)` loads with `MXScaling(axis=-1)`.
 
     Returns:
       name -> QTensor or numpy array, sorted by name; arrays are fresh in-memory copies.
@@ -235,6 +236,12 @@ def _qtensor_from_entry(name: str, entry, arrays: dict, path) -> "_qtensor.QTens
     for field in ("hp_dtype", "scale_layout"):
         if not isinstance(entry[field], str):
             raise _error(path, f"{where}: field {field!r} must be a string, got {entry[field]!r}")
+    if hasattr(scheme, "axis"):
+        # On disk the axis is non-negative (spec §9); in memory lowp spells axes from the
+        # end, as its presets and recipes do, so a loaded MXScaling equals MXScaling().
+        if scheme.axis >= len(shape):
+            raise _error(path, f"{where}: scheme axis {scheme.axis} is out of range for shape {shape}")
+        scheme = dataclasses.replace(scheme, axis=scheme.axis - len(shape))
     codes = _take(arrays, name, "codes", path)
     scale = _take(arrays, name, "scale", path)
     wants_global = isinstance(scheme, _schemes.NVFP4Scaling) and scheme.global_scale

@@ -45,7 +45,7 @@ ROUND_TRIP_CASES = [
 
 def _normalised(scheme, rank):
     if hasattr(scheme, "axis"):
-        return dataclasses.replace(scheme, axis=scheme.axis % rank)
+        return dataclasses.replace(scheme, axis=scheme.axis % rank - rank)
     return scheme
 
 
@@ -224,7 +224,7 @@ def test_axis_is_stored_normalised(tmp_path):
     lowp.save(tmp_path / "a.safetensors", {"a": q})
     _, header, _ = _raw_header(tmp_path / "a.safetensors")
     assert json.loads(header["__metadata__"]["lowp"])["tensors"]["a"]["scheme"]["axis"] == 1
-    assert lowp.load(tmp_path / "a.safetensors")["a"].scheme == lowp.AxisScaling(axis=1)
+    assert lowp.load(tmp_path / "a.safetensors")["a"].scheme == lowp.AxisScaling(axis=-2)
 
 
 def test_scheme_fields_table_matches_the_dataclasses():
@@ -567,3 +567,15 @@ def test_plain_tensor_named_like_a_qtensor_is_refused(q_file):
     _edit_header(q_file, edit)
     with pytest.raises(ValueError, match="tensor 'w' is both a plain tensor and a QTensor entry"):
         lowp.load(q_file)
+
+
+def test_a_stored_axis_beyond_the_rank_is_refused(tmp_path):
+    q = lowp.quantize(np.ones((2, 32), np.float32), lowp.MXScaling())
+    path = tmp_path / "w.safetensors"
+    lowp.save(path, {"w": q})
+    raw = path.read_bytes()
+    patched = raw.replace(b'"axis":1', b'"axis":5')
+    assert patched != raw
+    path.write_bytes(patched)
+    with pytest.raises(ValueError, match="axis 5 is out of range"):
+        lowp.load(path)
