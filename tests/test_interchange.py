@@ -574,7 +574,7 @@ def test_a_stored_axis_beyond_the_rank_is_refused(tmp_path):
     path = tmp_path / "w.safetensors"
     lowp.save(path, {"w": q})
     raw = path.read_bytes()
-    patched = raw.replace(b'"axis":1', b'"axis":5')
+    patched = raw.replace(b'\\"axis\\":1', b'\\"axis\\":5')
     assert patched != raw
     path.write_bytes(patched)
     with pytest.raises(ValueError, match="axis 5 is out of range"):
