@@ -158,7 +158,8 @@ def quantize(
 
     if isinstance(scheme, (_schemes.TensorScaling, _schemes.AxisScaling, _schemes.BlockScaling)):
         m, d = float_scales(amax, fmt, scheme.pow2)
-        v = _bits.ftz(np.multiply(xf, _groups.expand(m, scheme, shape), dtype=np.float32))
+        with np.errstate(over="ignore", invalid="ignore"):  # only in poisoned groups
+            v = _bits.ftz(np.multiply(xf, _groups.expand(m, scheme, shape), dtype=np.float32))
         codes = _encode_elements(v, fmt, random, poisoned_elements)
         scale = np.where(poisoned, _bits.from_bits(_bits.NAN_F32), d).astype(np.float32)
     elif isinstance(scheme, _schemes.MXScaling):

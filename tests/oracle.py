@@ -26,6 +26,8 @@ F32 = np.float32
 
 
 def ftz_scalar(v: np.float32) -> np.float32:
+    if np.isnan(v):
+        return F32(v)
     return F32(math.copysign(0.0, v)) if abs(float(v)) < 2.0**-126 else F32(v)
 
 
