@@ -278,6 +278,7 @@ def dequantize(q: _qtensor.QTensor, out_dtype: str | None = None) -> np.ndarray:
 
     out = _bits.ftz(out)
     poisoned = _groups.expand(poisoned_groups(q), scheme, q.shape) | np.isnan(out)
-    result = out.astype(_NUMPY_DTYPES[out_dtype])
+    with np.errstate(over="ignore"):  # RN_out may overflow float16 to +-Inf, as IEEE says
+        result = out.astype(_NUMPY_DTYPES[out_dtype])
     nan = np.array(_CANONICAL_NAN_BITS[out_dtype], dtype=np.uint32 if out_dtype == "float32" else np.uint16)
     return np.where(poisoned, nan.view(_NUMPY_DTYPES[out_dtype]), result)

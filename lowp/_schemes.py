@@ -2,7 +2,7 @@
 
 A scheme is a frozen dataclass that checks its own fields. It knows nothing of arrays
 beyond shapes: `check_shape` validates an input shape and `scale_shape` gives the plain
-layout of its scales. The arithmetic lives in `lowp._reference`.
+layout of its scales. The arithmetic lives in `lowp._quantize`.
 """
 
 import dataclasses
