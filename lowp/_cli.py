@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from lowp import _formats, _inspect, _interchange, _recipes
+from lowp import _formats, _inspect, _interchange, _recipes, _schemes
 
 _INSPECT_EPILOG = """\
 what is measured, per tensor and scheme (the scheme is the named inference preset's
@@ -87,8 +87,10 @@ def _parser() -> argparse.ArgumentParser:
         "--scheme",
         action="append",
         metavar="NAME",
-        help=f"an inference preset whose weight scheme to apply; repeat or comma-separate "
-        f"(default: all presets, one per distinct weight scheme). One of: {presets}",
+        help=f"an inference preset whose weight scheme to apply, or a scheme spec "
+        f"KIND[:FIELD=VALUE]... such as mx:mode=floor or block:block=1x128 (KIND: tensor, "
+        f"axis, block, mx, nvfp4); repeat or comma-separate (default: all presets, one per "
+        f"distinct weight scheme). Presets: {presets}",
     )
     inspect.add_argument(
         "--top", type=int, metavar="N", help="print only the N worst rows of the table"
@@ -232,16 +234,25 @@ def _run_inspect(args) -> int:
 
 
 def _chosen_schemes(values: list[str] | None) -> dict:
+    """Preset names (their weight scheme) or scheme specs such as `mx:mode=floor`."""
     if values is None:
         return _inspect.preset_schemes()
     names = [n.strip() for v in values for n in v.split(",") if n.strip()]
-    known = _recipes.InferenceConfig.names()
-    for name in names:
-        if name not in known:
-            raise _UsageError(f"unknown scheme {name!r}; expected one of {', '.join(known)}")
     if not names:
-        raise _UsageError("--scheme needs a preset name")
-    return _inspect.preset_schemes(names)
+        raise _UsageError("--scheme needs a preset name or a scheme spec")
+    known = _recipes.InferenceConfig.names()
+    chosen = {}
+    for name in names:
+        if name in known:
+            chosen.update(_inspect.preset_schemes([name]))
+            continue
+        try:
+            chosen[name] = _schemes.from_spec(name)
+        except (TypeError, ValueError) as err:
+            raise _UsageError(
+                f"unknown scheme {name!r}: not a preset ({', '.join(known)}) nor a scheme spec ({err})"
+            ) from None
+    return chosen
 
 
 class _ProgressBar:
@@ -305,7 +316,7 @@ def inspection_text(result, top: int | None = None) -> str:
         ),
     ]
     out += [f"skipped: {s.tensor}: {s.reason}" for s in result.skipped]
-    out += ["", "schemes (each preset's weight scheme):"]
+    out += ["", "schemes (a preset name stands for its weight scheme):"]
     out += [f"  {s.name:<18} {s.scheme}" for s in result.summaries]
     out.append("")
     summary_rows = [

@@ -245,3 +245,46 @@ def check_scheme(scheme) -> None:
             f"expected a lowp scheme ({', '.join(t.__name__ for t in SCHEME_TYPES)}), "
             f"got {scheme!r}"
         )
+
+
+_SPEC_KINDS = {
+    "tensor": TensorScaling,
+    "axis": AxisScaling,
+    "block": BlockScaling,
+    "mx": MXScaling,
+    "nvfp4": NVFP4Scaling,
+}
+
+
+def from_spec(spec: str) -> Scheme:
+    """A scheme from a short text spec, for command lines: `KIND[:FIELD=VALUE]...`.
+
+    KIND is tensor, axis, block, mx or nvfp4; fields are the dataclass's, values are
+    ints, true/false, `RxC` for a block shape, or format/mode names.
+
+    >>> from_spec("mx:fmt=float8_e5m2:mode=floor")
+    MXScaling(fmt='float8_e5m2', block=32, mode='floor', axis=-1)
+    >>> from_spec("block:block=1x128:pow2=true")
+    BlockScaling(fmt='float8_e4m3fn', block=(1, 128), pow2=True)
+    """
+    kind, *assignments = spec.split(":")
+    if kind not in _SPEC_KINDS:
+        raise ValueError(f"unknown scheme kind {kind!r} in {spec!r}; expected one of {tuple(_SPEC_KINDS)}")
+    scheme_type = _SPEC_KINDS[kind]
+    fields = {f.name: f.type for f in dataclasses.fields(scheme_type)}
+    kwargs = {}
+    for assignment in assignments:
+        key, sep, text = assignment.partition("=")
+        if not sep or key not in fields:
+            raise ValueError(
+                f"bad field {assignment!r} in {spec!r}; {kind} takes {', '.join(fields)} as FIELD=VALUE"
+            )
+        if text in ("true", "false"):
+            kwargs[key] = text == "true"
+        elif key == "block" and "x" in text:
+            kwargs[key] = tuple(int(n) for n in text.split("x"))
+        elif text.lstrip("-").isdigit():
+            kwargs[key] = int(text)
+        else:
+            kwargs[key] = text
+    return scheme_type(**kwargs)

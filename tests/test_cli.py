@@ -278,3 +278,18 @@ def test_default_inspect_of_minilm(capsys):
     assert by_name["float8_tensorwise"]["tensors"] == 103
     assert float(by_name["mxfp8"]["median_sqnr_db"]) > 28  # e4m3: ~31 dB on real weights
     assert float(by_name["mxfp4"]["median_sqnr_db"]) > 12
+
+
+def test_scheme_specs_beside_presets(capsys, npz_file):
+    code, out, _ = run(capsys, "inspect", npz_file, "--json", "--scheme", "mx:mode=floor:block=8,mxfp8")
+    assert code == 0
+    schemes = {s["name"]: s["scheme"] for s in json.loads(out)["schemes"]}
+    assert schemes == {
+        "mx:mode=floor:block=8": "MXScaling(fmt='float8_e4m3fn', block=8, mode='floor', axis=-1)",
+        "mxfp8": "MXScaling(fmt='float8_e4m3fn', block=32, mode='rceil', axis=-1)",
+    }
+
+
+def test_a_bad_scheme_spec_says_why(capsys, npz_file):
+    code, _, err = run(capsys, "inspect", npz_file, "--scheme", "mx:mode=flor")
+    assert code == 2 and "'flor'" in err and "Traceback" not in err

@@ -120,3 +120,24 @@ def test_inference_config_checks_its_fields():
         lowp.InferenceConfig.from_name("int8")
     with pytest.raises(TypeError, match="scheme"):
         lowp.InferenceConfig(weight="float8_e4m3fn")
+
+
+def test_from_spec_builds_every_kind():
+    from lowp._schemes import from_spec
+
+    assert from_spec("tensor") == lowp.TensorScaling()
+    assert from_spec("axis:axis=0:pow2=true") == lowp.AxisScaling(axis=0, pow2=True)
+    assert from_spec("block:block=128x128") == lowp.BlockScaling(block=(128, 128))
+    assert from_spec("mx:fmt=float4_e2m1fn:mode=rceil:axis=-1") == lowp.MXScaling("float4_e2m1fn", mode="rceil")
+    assert from_spec("nvfp4:global_scale=false:block=32") == lowp.NVFP4Scaling(block=32, global_scale=False)
+
+
+@pytest.mark.parametrize(
+    "spec, match",
+    [("mxfp9", "unknown scheme kind 'mxfp9'"), ("mx:mod=floor", "bad field 'mod=floor'"), ("mx:mode", "bad field 'mode'"), ("mx:mode=flor", "'flor'")],
+)
+def test_from_spec_names_what_is_wrong(spec, match):
+    from lowp._schemes import from_spec
+
+    with pytest.raises(ValueError, match=match):
+        from_spec(spec)
