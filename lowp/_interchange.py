@@ -20,6 +20,7 @@ import math
 import os
 import struct
 import uuid
+import zipfile
 from collections.abc import Mapping
 
 import ml_dtypes
@@ -132,8 +133,13 @@ def read_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
     if suffix == ".safetensors":
         return _read_safetensors(path)[0]
     if suffix == ".npz":
-        with np.load(path, allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
+        if not zipfile.is_zipfile(path):  # else numpy guesses "pickled data" and says so
+            raise _error(path, "not a .npz file (an .npz is a zip archive of .npy files)")
+        try:
+            with np.load(path, allow_pickle=False) as archive:
+                return {name: archive[name] for name in archive.files}
+        except (ValueError, OSError, zipfile.BadZipFile) as err:
+            raise _error(path, f"unreadable .npz: {err}") from err
     raise _error(path, f"expected a .safetensors or .npz file, got suffix {suffix!r}")
 
 

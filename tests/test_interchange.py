@@ -579,3 +579,10 @@ def test_a_stored_axis_beyond_the_rank_is_refused(tmp_path):
     path.write_bytes(patched)
     with pytest.raises(ValueError, match="axis 5 is out of range"):
         lowp.load(path)
+
+
+def test_read_arrays_refuses_a_file_that_is_not_an_npz(tmp_path):
+    path = tmp_path / "fake.npz"
+    path.write_bytes(b"not a zip at all")
+    with pytest.raises(ValueError, match="not a .npz file"):
+        lowp.read_arrays(path)
