@@ -1,0 +1,220 @@
+"""QArray: a quantized JAX array as a pytree of codes and scales plus static metadata.
+
+The leaves are the arrays (codes, scale, global_scale); the scheme, logical shape,
+high-precision dtype and scale layout are static auxiliary data, so a QArray passes
+through `jit`, `grad`, `vmap` and sharding like any pytree, and a change of scheme or
+shape means a recompile, as a change of shape does for an array.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import lowp
+from lowp import _qtensor, _schemes
+from lowp_jax import _layouts
+
+# How each format's bytes are stored: e4m3/e5m2 codes as JAX's own float8 dtypes (a
+# bitcast of the code bytes, so XLA's fp8 GEMMs can take them as they are); float6 one
+# code a byte and float4 two a byte, as uint8; e8m0 and e4m3 block scales as JAX's dtypes.
+_STORAGE = {
+    "float8_e4m3fn": jnp.float8_e4m3fn,
+    "float8_e5m2": jnp.float8_e5m2,
+    "float6_e2m3fn": jnp.uint8,
+    "float6_e3m2fn": jnp.uint8,
+    "float4_e2m1fn": jnp.uint8,
+    "float8_e8m0fnu": jnp.float8_e8m0fnu,
+    "float32": jnp.float32,
+}
+
+
+def storage_dtype(fmt: str):
+    """The JAX dtype that holds codes or scales of format `fmt`."""
+    return _STORAGE[fmt]
+
+
+def store(byte_array, fmt: str):
+    """uint8 code bytes (JAX or NumPy) as the storage dtype of `fmt`, bit for bit."""
+    dtype = _STORAGE[fmt]
+    if isinstance(byte_array, np.ndarray):
+        return jnp.asarray(byte_array.view(np.dtype(dtype)))
+    return jax.lax.bitcast_convert_type(byte_array, dtype) if dtype != jnp.uint8 else byte_array
+
+
+def code_bytes(stored) -> jnp.ndarray:
+    """Stored codes or 8-bit scales back as uint8 bytes (a bitcast)."""
+    if stored.dtype == jnp.uint8:
+        return stored
+    return jax.lax.bitcast_convert_type(stored, jnp.uint8)
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True, eq=False)
+class QArray:
+    """Codes and scales of a quantized JAX array (spec §3, §5, §9); a pytree.
+
+    Attributes:
+      codes: the element codes. float8_e4m3fn / float8_e5m2 dtype for those formats,
+        uint8 for float6 (one code a byte) and float4 (two a byte along the last axis,
+        element 2j in bits 3..0). Shape: `shape`, last dim halved for float4.
+      scale: float32 decode scales (Tensor/Axis/Block scaling), float8_e8m0fnu (MX) or
+        float8_e4m3fn (NVFP4) block scales; plain shape `scheme.scale_shape(shape)`, or
+        the padded 2-D matrix of the "cublas_blocked" layout.
+      global_scale: NVFP4's float32 per-tensor decode scale (0-d), else None.
+      scheme, shape, hp_dtype, scale_layout: static metadata, as in `lowp.QTensor`.
+
+    Transformations:
+      jit: a QArray is an argument or result like any pytree; its metadata is part of the
+        cache key.
+      grad: `quantize` and `dequantize` are piecewise constant, so they pass no gradient:
+        `dequantize(q)` is a constant with respect to q's leaves, and `quantize(x)` stops
+        the gradient of x. Gradients flow through the other inputs of a function that uses
+        a dequantized value (e.g. a matmul with a high-precision operand). For the
+        straight-through estimator use `lowp_jax.fake_quantize`.
+      vmap: quantize and dequantize map over a leading batch axis for every scheme, each
+        example quantized on its own; the QArray built inside carries the per-example
+        `shape`, and its leaves gain the batch axis outside (use it under the same vmap).
+        This equals quantizing the whole batch only where no group spans the batch axis:
+        AxisScaling (along a per-example axis), BlockScaling, MXScaling and NVFP4Scaling
+        with `global_scale=False`. TensorScaling and NVFP4 with a global scale get one
+        scale per example instead of one per batch, and stochastic rounding with a `seed`
+        hashes per-example indices, so every example draws the same bits: pass
+        `random_bits` shaped like the batch instead.
+
+    Construct it with `lowp_jax.quantize` or `from_lowp`; the constructor checks every
+    field against the others (leaves are not checked when JAX rebuilds the pytree).
+    """
+
+    codes: jax.Array
+    scale: jax.Array
+    global_scale: jax.Array | None
+    scheme: lowp.Scheme
+    shape: tuple[int, ...]
+    hp_dtype: str
+    scale_layout: str = "plain"
+
+    def __post_init__(self):
+        _schemes.check_scheme(self.scheme)
+        if not isinstance(self.shape, tuple) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in self.shape
+        ):
+            raise ValueError(f"QArray.shape must be a tuple of non-negative ints, got {self.shape!r}")
+        self.scheme.check_shape(self.shape)
+        if self.hp_dtype not in _qtensor.HP_DTYPES:
+            raise ValueError(f"QArray.hp_dtype must be one of {_qtensor.HP_DTYPES}, got {self.hp_dtype!r}")
+        _expect("codes", self.codes, _STORAGE[self.scheme.fmt], _qtensor.codes_shape(self.scheme, self.shape))
+        scale_shape = _qtensor.stored_scale_shape(self.scheme, self.shape, self.scale_layout)
+        _expect("scale", self.scale, _STORAGE[_schemes.scale_format(self.scheme)], scale_shape)
+        if isinstance(self.scheme, lowp.NVFP4Scaling) and self.scheme.global_scale:
+            _expect("global_scale", self.global_scale, jnp.float32, ())
+        elif self.global_scale is not None:
+            raise ValueError(f"QArray.global_scale must be None for {self.scheme}")
+
+    def tree_flatten(self):
+        return (self.codes, self.scale, self.global_scale), (
+            self.scheme,
+            self.shape,
+            self.hp_dtype,
+            self.scale_layout,
+        )
+
+    @classmethod
+    def tree_unflatten(cls, aux, leaves):
+        # JAX rebuilds pytrees with placeholders and batched leaves: no checks here.
+        obj = object.__new__(cls)
+        for field, value in zip(("codes", "scale", "global_scale"), leaves):
+            object.__setattr__(obj, field, value)
+        for field, value in zip(("scheme", "shape", "hp_dtype", "scale_layout"), aux):
+            object.__setattr__(obj, field, value)
+        return obj
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def fmt(self) -> str:
+        """The element format's name."""
+        return self.scheme.fmt
+
+    @property
+    def nbytes(self) -> int:
+        extra = 0 if self.global_scale is None else self.global_scale.nbytes
+        return self.codes.nbytes + self.scale.nbytes + extra
+
+    def dequantize(self, out_dtype=None) -> jax.Array:
+        """Shorthand for `lowp_jax.dequantize(self, out_dtype)`."""
+        from lowp_jax import _quantize
+
+        return _quantize.dequantize(self, out_dtype)
+
+    def with_scale_layout(self, layout: str) -> "QArray":
+        """The same array with its scales in `layout` ("plain" or "cublas_blocked")."""
+        if layout == self.scale_layout:
+            return self
+        _qtensor.stored_scale_shape(self.scheme, self.shape, layout)  # validates the layout applies
+        rows, cols = _qtensor.blocked_matrix_shape(self.scheme, self.shape)
+        scale = code_bytes(self.scale)
+        if layout == "cublas_blocked":
+            scale = _layouts.to_cublas_blocked(scale.reshape(rows, cols))
+        else:
+            scale = _layouts.from_cublas_blocked(scale, rows, cols).reshape(self.scheme.scale_shape(self.shape))
+        scale = store(scale, _schemes.scale_format(self.scheme))
+        return dataclasses.replace(self, scale=scale, scale_layout=layout)
+
+    def __repr__(self):
+        return (
+            f"QArray(shape={self.shape}, hp_dtype={self.hp_dtype!r}, scheme={self.scheme}, "
+            f"codes={self.codes.dtype}{list(self.codes.shape)}, "
+            f"scale={self.scale.dtype}{list(self.scale.shape)}, scale_layout={self.scale_layout!r})"
+        )
+
+
+def _expect(field, value, dtype, shape) -> None:
+    if not hasattr(value, "dtype") or not hasattr(value, "shape"):
+        raise TypeError(f"QArray.{field} must be an array, got {type(value).__name__}")
+    if value.dtype != dtype:
+        raise TypeError(f"QArray.{field} must be {np.dtype(dtype).name}, got {value.dtype}")
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"QArray.{field} must have shape {tuple(shape)}, got {tuple(value.shape)}")
+
+
+def to_lowp(q: QArray) -> lowp.QTensor:
+    """The NumPy `lowp.QTensor` holding exactly q's bytes (a device-to-host copy)."""
+    if not isinstance(q, QArray):
+        raise TypeError(f"to_lowp takes a lowp_jax.QArray, got {type(q).__name__}")
+    codes = np.asarray(jax.device_get(q.codes))
+    scale = np.asarray(jax.device_get(q.scale))
+    if scale.dtype != np.float32:
+        scale = scale.view(np.uint8)
+    global_scale = None
+    if q.global_scale is not None:
+        global_scale = np.asarray(jax.device_get(q.global_scale), dtype=np.float32).reshape(())
+    return lowp.QTensor(
+        codes=np.array(codes.view(np.uint8), order="C"),
+        scale=np.array(scale, order="C"),  # (ascontiguousarray would make a 0-d scale 1-d)
+        global_scale=global_scale,
+        scheme=q.scheme,
+        shape=q.shape,
+        hp_dtype=q.hp_dtype,
+        scale_layout=q.scale_layout,
+    )
+
+
+def from_lowp(qt: lowp.QTensor) -> QArray:
+    """A QArray holding exactly the bytes of the NumPy `lowp.QTensor` qt (on the default device)."""
+    if not isinstance(qt, lowp.QTensor):
+        raise TypeError(f"from_lowp takes a lowp.QTensor, got {type(qt).__name__}")
+    scale_fmt = _schemes.scale_format(qt.scheme)
+    return QArray(
+        codes=store(qt.codes, qt.scheme.fmt),
+        scale=store(qt.scale, scale_fmt) if scale_fmt != "float32" else jnp.asarray(qt.scale),
+        global_scale=None if qt.global_scale is None else jnp.asarray(qt.global_scale, jnp.float32),
+        scheme=qt.scheme,
+        shape=qt.shape,
+        hp_dtype=qt.hp_dtype,
+        scale_layout=qt.scale_layout,
+    )
+
