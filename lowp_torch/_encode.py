@@ -1,0 +1,71 @@
+"""The element encoder of spec §2 and the code decoders, in torch integer ops.
+
+A port of `lowp._formats.encode`: native float -> float8 casts saturate on some
+devices and give NaN on others, and there is no float6 cast (spec §0.5), so every code
+is built from the float32 bits. Decoding builds each value's float32 bits directly, so
+it needs no table on the device and no float arithmetic that could round.
+"""
+
+import torch
+
+from lowp import _formats
+
+from lowp_torch import _bits
+
+
+def encode(v: torch.Tensor, fmt: _formats.Format) -> torch.Tensor:
+    """E_fmt of spec §2: float32 -> uint8 codes, round to nearest, ties to the even code.
+
+    `v` must be finite with |v| <= fmt.max (callers clamp first). Element subnormals
+    are produced, float32 subnormals round to a signed zero, the sign bit is kept.
+    """
+    b = _bits.bits(v)
+    sign = (b >> 31) & 1
+    e32 = _bits.biased_exponent(b)
+    mant = b & _bits.MANT_MASK
+    # 24-bit significand; a float32 subnormal has no implicit bit and exponent 1.
+    sig = torch.where(e32 > 0, mant | (1 << 23), mant)
+    target_exp = torch.clamp(e32, min=1) - 127 + fmt.bias  # biased exponent in fmt
+    field = torch.clamp(target_exp, min=1)  # subnormals share the min-normal exponent
+    # Bits of `sig` dropped: the mantissa narrowing plus the subnormal shift, capped at
+    # 25 (nothing kept, remainder below half).
+    shift = torch.clamp(23 - fmt.mbits + (field - target_exp), max=25)
+    one = torch.ones_like(shift)
+    kept = sig >> shift
+    rest = sig & ((one << shift) - 1)
+    half = one << (shift - 1)
+    round_up = (rest > half) | ((rest == half) & ((kept & 1) == 1))
+    # `kept` carries the implicit bit at position mbits for normals, so the exponent
+    # field is added as (field - 1); a mantissa carry rolls into the exponent.
+    magnitude = ((field - 1) << fmt.mbits) + kept + round_up.to(torch.int32)
+    code = (sign << (fmt.ebits + fmt.mbits)) | magnitude
+    return code.to(torch.uint8)
+
+
+def decode(codes: torch.Tensor, fmt: _formats.Format) -> torch.Tensor:
+    """float32 value of each code (an integer tensor, one code an element).
+
+    NaN codes give the canonical NaN 0x7FC00000 (as `lowp.decode`), e5m2's Inf codes
+    give ±Inf. Every value is exact in float32 and normal there.
+    """
+    c = codes.to(torch.int32)
+    sign = ((c >> (fmt.ebits + fmt.mbits)) & 1) << 31
+    exp_field = (c >> fmt.mbits) & ((1 << fmt.ebits) - 1)
+    mant = c & ((1 << fmt.mbits) - 1)
+    normal = ((exp_field - fmt.bias + 127) << 23) | (mant << (23 - fmt.mbits))
+    # A subnormal code is m * 2**(1 - bias - mbits); normalise m by hand. With
+    # mbits <= 3, m in 1..7 has its leading one at bit `lead` = 0, 1 or 2.
+    lead = (mant >= 2).to(torch.int32) + (mant >= 4).to(torch.int32)
+    sub_exp = lead + (1 - fmt.bias - fmt.mbits + 127)
+    sub_mant = (mant - (torch.ones_like(lead) << lead)) << (23 - lead)
+    subnormal = torch.where(mant == 0, 0, (sub_exp << 23) | sub_mant)
+    magnitude = torch.where(exp_field > 0, normal, subnormal)
+    out = magnitude | sign
+    if fmt.inf_code is not None:
+        out = torch.where((c & 0x7F) == fmt.inf_code, _bits.INF_BITS | sign, out)
+    if fmt.nan_codes:
+        nan = torch.zeros_like(c, dtype=torch.bool)
+        for code in fmt.nan_codes:
+            nan = nan | (c == code)
+        out = torch.where(nan, _bits.NAN_F32, out)
+    return _bits.from_bits(out)

@@ -1,0 +1,322 @@
+"""`quantize` and `dequantize` in torch, byte for byte the NumPy reference `lowp`.
+
+Each scheme's algorithm is written out in one branch, in the order of spec §3 and of
+`lowp/_quantize.py`. What keeps CPU, CUDA, eager and torch.compile on the same bytes
+(spec §0): integer ops on float32 bits for every max, exponent, flush and code;
+float32 products each rounded once and never followed by an add (no FMA can form);
+divisions in float64 rounded once to float32 (`_bits.div_rn32`); no native cast to a
+low-precision format; shapes and schemes are Python values, so no branch depends on
+data and nothing syncs with the host (except `check_finite=True`).
+"""
+
+import numpy as np
+import torch
+
+from lowp import _formats, _rounding as _lowp_rounding, _schemes
+
+from lowp_torch import _bits, _encode, _groups, _layouts, _qtensor, _rounding, _storage
+
+_E4M3 = _formats.FLOAT8_E4M3FN
+_E2M1 = _formats.FLOAT4_E2M1FN
+_ONE_SIXTH = float(np.float32(1) / np.float32(6))  # RN32(1/6), exact as a Python float
+
+
+def _hp_input(t, name: str) -> torch.Tensor:
+    """`t` as float32 (exact); TypeError for any other input (spec §0.1)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(
+            f"{name}: lowp_torch.quantize takes a torch.Tensor, got {type(t).__name__}; "
+            "use lowp.quantize for numpy arrays"
+        )
+    if t.dtype == torch.float64:
+        raise TypeError(
+            f"{name}: float64 input is refused (float64 -> float32 -> float8 rounds twice); "
+            "cast to float32 first if that is what you mean"
+        )
+    if t.dtype not in _storage.HP_DTYPES:
+        raise TypeError(f"{name}: input dtype {t.dtype} is not float32, bfloat16 or float16")
+    # Quantization has no gradient here; detach so the int32 views below are allowed.
+    return t.detach().to(torch.float32)
+
+
+def _random_for(t, rounding, random_bits, seed, offset, name) -> torch.Tensor | None:
+    """The uint32 (in int64) per element that stochastic rounding consumes, or None."""
+    if rounding not in _lowp_rounding.ROUNDINGS:
+        raise ValueError(f"rounding must be one of {_lowp_rounding.ROUNDINGS}, got {rounding!r}")
+    if rounding == "nearest":
+        if random_bits is not None or seed is not None or offset != 0:
+            raise ValueError(
+                f"{name}: random_bits, seed and offset apply to rounding='stochastic' only"
+            )
+        return None
+    if (random_bits is None) == (seed is None):
+        raise ValueError(f"{name}: rounding='stochastic' needs exactly one of random_bits or seed")
+    if seed is not None:
+        return _rounding.random_bits(seed, tuple(t.shape), offset, device=t.device)
+    if offset != 0:
+        raise ValueError(f"{name}: offset goes with seed, not with explicit random_bits")
+    if not isinstance(random_bits, torch.Tensor) or random_bits.dtype not in (torch.uint32, torch.int64):
+        raise TypeError(
+            f"{name}: random_bits must be a uint32 torch tensor (or int64 holding uint32 "
+            f"values), got {random_bits!r:.80}"
+        )
+    if random_bits.shape != t.shape:
+        raise ValueError(
+            f"{name}: random_bits has shape {tuple(random_bits.shape)}, the input "
+            f"{tuple(t.shape)}; one per element"
+        )
+    if random_bits.device != t.device:
+        raise ValueError(
+            f"{name}: random_bits is on {random_bits.device}, the input on {t.device}"
+        )
+    if random_bits.dtype == torch.uint32:
+        # Few uint32 ops exist; reinterpret as int32 and widen, keeping the 32 bits.
+        return random_bits.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return random_bits & 0xFFFFFFFF  # only the low 32 bits are read, as for uint32
+
+
+def _check_finite(absb: torch.Tensor, name: str) -> None:
+    """FloatingPointError naming the tensor if any element is NaN or ±Inf (a host sync)."""
+    bad = absb >= _bits.INF_BITS
+    if bool(bad.any()):
+        flat = bad.reshape(-1)
+        first_flat = int(torch.argmax(flat.to(torch.uint8)))
+        first = np.unravel_index(first_flat, tuple(absb.shape))
+        value = np.uint32(int(absb.reshape(-1)[first_flat])).view(np.float32)
+        raise FloatingPointError(
+            f"{name}: {int(flat.sum())} non-finite element(s), the first at index "
+            f"{tuple(int(i) for i in first)} (|x| = {value}); check_finite=True refuses to quantize"
+        )
+
+
+def _encode_elements(v, fmt, random, poisoned_elements) -> torch.Tensor:
+    """Clamp to ±max, flush, round to uint8 codes; code 0 in poisoned groups."""
+    v = _bits.ftz(torch.clamp(v, -fmt.max, fmt.max))  # NaN (poisoned only) is replaced next
+    v = torch.where(poisoned_elements, 0.0, v)
+    codes = _rounding.round_elements(v, fmt, random)
+    return torch.where(poisoned_elements, 0, codes).to(torch.uint8)
+
+
+def _float_scales(amax_bits: torch.Tensor, fmt, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encode multiplier m and stored decode scale d for float scales (spec §3.1)."""
+    # max(amax, EPS) on the bits: exact for non-negative floats, whatever the FTZ mode.
+    safe_amax = _bits.from_bits(torch.clamp(amax_bits, min=_bits.EPS_BITS))
+    m = _bits.div_rn32(fmt.max, safe_amax)
+    if pow2:  # round down to a power of two by clearing the mantissa: exact, no log2
+        m = _bits.from_bits(_bits.bits(m) & _bits.EXP_MASK)
+    d = _bits.div_rn32(1.0, m)
+    return m, d
+
+
+def _mx_scale_bytes(amax_bits: torch.Tensor, fmt, mode: str) -> torch.Tensor:
+    """The e8m0 byte (int32) of each finite group amax (spec §3.2), from exponent bits."""
+    exponent = _bits.biased_exponent(amax_bits)
+    mantissa = amax_bits & _bits.MANT_MASK
+    if mode == "floor":
+        up = torch.zeros_like(exponent)
+    elif mode == "ceil":
+        up = (mantissa != 0).to(torch.int32)
+    elif mode == "rceil":
+        up = (mantissa > fmt.max_mantissa).to(torch.int32)
+    else:
+        raise ValueError(f"unknown MX mode {mode!r}")
+    return torch.clamp(exponent + up - fmt.emax, min=0)
+
+
+def quantize(
+    t: torch.Tensor,
+    scheme: _schemes.Scheme,
+    *,
+    rounding: str = "nearest",
+    random_bits: torch.Tensor | None = None,
+    seed: int | None = None,
+    offset: int = 0,
+    check_finite: bool = False,
+    name: str = "input",
+) -> _qtensor.QuantizedTensor:
+    """Quantize `t` with `scheme`: the bytes `lowp.quantize` gives, on any device.
+
+    Args:
+      t: float32, bfloat16 or float16 tensor of any shape the scheme admits, on any
+        device; float64 is refused (it would round twice).
+      scheme: a lowp TensorScaling, AxisScaling, BlockScaling, MXScaling or NVFP4Scaling.
+      rounding: "nearest" (ties to even) or "stochastic" (spec §4).
+      random_bits: for stochastic rounding, a uint32 tensor shaped like `t` on its
+        device (or int64 holding uint32 values; only the low 32 bits are read).
+      seed, offset: instead of random_bits: the bits of `lowp.random_bits(seed,
+        t.shape, offset)`, computed on t's device.
+      check_finite: raise FloatingPointError naming the tensor on NaN/Inf instead of
+        poisoning the group (spec §6). This reads a flag back from the device: a host
+        sync, and under torch.compile a graph break (the raise happens at that point).
+      name: how errors refer to `t`.
+
+    Returns:
+      A QuantizedTensor on t's device with the plain scale layout: codes
+      (float8_e4m3fn / float8_e5m2 / uint8 for float6 / float4_e2m1fn_x2 packed two a
+      byte along the last axis), scale (float32, float8_e8m0fnu for MX, float8_e4m3fn
+      for NVFP4) and, for NVFP4 with a global scale, a 0-d float32 global_scale.
+
+    >>> import torch, lowp
+    >>> x = torch.tensor([[0.5, -1.25, 3.0, 0.0] * 8])                # 1 x 32
+    >>> q = quantize(x, lowp.MXScaling("float8_e4m3fn", mode="rceil"))
+    >>> q.codes[0, :4].view(torch.uint8).tolist(), q.scale.view(torch.uint8).tolist()
+    ([104, 242, 124, 0], [[120]])
+    """
+    _schemes.check_scheme(scheme)
+    xf = _hp_input(t, name)
+    hp_dtype = t.dtype
+    shape = tuple(int(n) for n in xf.shape)
+    scheme.check_shape(shape)
+    random = _random_for(xf, rounding, random_bits, seed, offset, name)
+    xf = _bits.ftz(xf)
+    absb = _bits.abs_bits(xf)
+    if check_finite:
+        _check_finite(absb, name)
+    fmt = _formats.element_format(scheme.fmt)
+    amax_bits = _groups.group_max(absb, scheme)
+    poisoned = amax_bits >= _bits.INF_BITS
+    poisoned_elements = _groups.expand(poisoned, scheme, shape)
+    amax_bits = torch.where(poisoned, 0, amax_bits)
+    global_scale = None
+
+    if isinstance(scheme, (_schemes.TensorScaling, _schemes.AxisScaling, _schemes.BlockScaling)):
+        m, d = _float_scales(amax_bits, fmt, scheme.pow2)
+        v = _bits.ftz(xf * _groups.expand(m, scheme, shape))
+        codes = _encode_elements(v, fmt, random, poisoned_elements)
+        scale = _bits.from_bits(torch.where(poisoned, _bits.NAN_F32, _bits.bits(d)))
+    elif isinstance(scheme, _schemes.MXScaling):
+        s = torch.where(poisoned, 0xFF, _mx_scale_bytes(amax_bits, fmt, scheme.mode))
+        # 2**(127 - s) is a normal float32 for every finite-group byte s in [0, 253].
+        exponent = 127 - torch.where(poisoned, 127, s)
+        v = _bits.ftz(xf * _bits.pow2(_groups.expand(exponent, scheme, shape)))
+        codes = _encode_elements(v, fmt, random, poisoned_elements)
+        scale = _storage.as_stored(s.to(torch.uint8), torch.float8_e8m0fnu)
+    elif isinstance(scheme, _schemes.NVFP4Scaling):
+        codes, scale, global_scale = _quantize_nvfp4(xf, absb, scheme, random, amax_bits, poisoned)
+    else:
+        raise TypeError(f"not a lowp scheme: {scheme!r}")
+
+    if fmt.name == "float4_e2m1fn":
+        codes = _layouts.pack_fp4(codes)
+    return _qtensor.QuantizedTensor(
+        codes=_storage.as_stored(codes, _storage.CODE_DTYPES[fmt.name]),
+        scale=scale,
+        global_scale=global_scale,
+        scheme=scheme,
+        shape=shape,
+        hp_dtype=hp_dtype,
+    )
+
+
+def _nvfp4_global(absb: torch.Tensor, scheme):
+    """(S_enc, S_dec, tensor poisoned) of spec §3.3 as 0-d tensors, without a branch on data."""
+    one = torch.ones((), dtype=torch.float32, device=absb.device)
+    if not scheme.global_scale:
+        return one, one, torch.zeros((), dtype=torch.bool, device=absb.device)
+    tensor_amax_bits = _groups.group_max(absb, _schemes.TensorScaling())
+    tensor_poisoned = tensor_amax_bits >= _bits.INF_BITS  # a non-finite tensor poisons every block
+    trivial = tensor_poisoned | (tensor_amax_bits == 0)  # both give S_enc = S_dec = 1
+    tensor_amax = _bits.from_bits(torch.where(trivial, _bits.bits(one), tensor_amax_bits))
+    s_enc = torch.where(trivial, one, _bits.div_rn32(2688.0, tensor_amax))  # min(., FLT_MAX) inside
+    s_dec = torch.where(trivial, one, _bits.ftz(_bits.div_rn32(1.0, s_enc)))
+    return s_enc, s_dec, tensor_poisoned
+
+
+def _quantize_nvfp4(xf, absb, scheme, random, block_amax_bits, block_poisoned):
+    """Transformer Engine's NVFP4 formula (spec §3.3), with lowp's poisoning (§6)."""
+    s_enc, s_dec, tensor_poisoned = _nvfp4_global(absb, scheme)
+    block_poisoned = block_poisoned | tensor_poisoned
+    block_amax = _bits.from_bits(block_amax_bits)
+    k = s_enc * _ONE_SIXTH
+    # amax*k may overflow to Inf and x*inv to ±Inf: the min and the clamp bound them.
+    sb_value = torch.clamp(_bits.ftz(block_amax * k), max=448.0)
+    sb = _encode.encode(sb_value, _E4M3)
+    p = _bits.ftz(_encode.decode(sb, _E4M3) * s_dec)
+    p_is_zero = _bits.abs_bits(p) == 0
+    safe_p = torch.where(p_is_zero, 1.0, p)
+    inv = torch.where(p_is_zero, _bits.FLT_MAX, _bits.div_rn32(1.0, safe_p))  # min(., FLT_MAX) inside
+    v = xf * _groups.expand(inv, scheme, tuple(xf.shape))
+    codes = _encode_elements(v, _E2M1, random, _groups.expand(block_poisoned, scheme, tuple(xf.shape)))
+    scale_bytes = torch.where(block_poisoned, _E4M3.nan_codes[0], sb.to(torch.int32)).to(torch.uint8)
+    scale = _storage.as_stored(scale_bytes, torch.float8_e4m3fn)
+    global_scale = None
+    if scheme.global_scale:
+        global_scale = _bits.from_bits(
+            torch.where(tensor_poisoned, _bits.NAN_F32, _bits.bits(s_dec))
+        ).reshape(())
+    return codes, scale, global_scale
+
+
+def _plain_scale_bytes_or_float(q: _qtensor.QuantizedTensor) -> torch.Tensor:
+    """Plain-layout scales: float32 for float scales, else the uint8 scale codes."""
+    scale = q.with_scale_layout("plain").scale
+    return scale if scale.dtype == torch.float32 else _storage.as_bytes(scale)
+
+
+def _poisoned_groups(q: _qtensor.QuantizedTensor, scale: torch.Tensor) -> torch.Tensor:
+    """Boolean, plain scale shape: the groups whose stored scale is its format's NaN."""
+    if isinstance(q.scheme, _schemes.MXScaling):
+        return scale == 0xFF
+    if isinstance(q.scheme, _schemes.NVFP4Scaling):
+        bad = (scale & 0x7F) == 0x7F
+        if q.global_scale is not None:
+            bad = bad | _bits.is_nan_bits(_bits.bits(q.global_scale))
+        return bad
+    return _bits.is_nan_bits(_bits.bits(scale))
+
+
+def dequantize(q: _qtensor.QuantizedTensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The values `q` stands for, as `out_dtype` (default: the dtype it was quantized from).
+
+    Poisoned groups give the canonical NaN of `out_dtype` (float32 0x7FC00000, bfloat16
+    0x7FC0, float16 0x7E00), chosen by a select; everything else is
+    `RN_out(ftz(RN32(value(code) * scale)))` per spec §3, bit-identical to
+    `lowp.dequantize`.
+
+    Args:
+      q: a QuantizedTensor from `quantize` or `from_lowp`.
+      out_dtype: torch.float32, torch.bfloat16, torch.float16 or None.
+
+    Returns:
+      A tensor of shape `q.shape` and dtype `out_dtype` on q's device.
+
+    >>> import torch, lowp
+    >>> q = quantize(torch.tensor([0.1, -3.0, 448.0]), lowp.TensorScaling())
+    >>> dequantize(q).tolist()
+    [0.1015625, -3.0, 448.0]
+    """
+    if not isinstance(q, _qtensor.QuantizedTensor):
+        raise TypeError(f"dequantize takes a lowp_torch.QuantizedTensor, got {type(q).__name__}")
+    out_dtype = q.hp_dtype if out_dtype is None else out_dtype
+    if out_dtype not in _storage.HP_DTYPES:
+        raise ValueError(
+            f"out_dtype must be one of {tuple(_storage.HP_DTYPES)} or None, got {out_dtype!r}"
+        )
+    scheme, shape = q.scheme, q.shape
+    fmt = _formats.element_format(scheme.fmt)
+    codes = _storage.as_bytes(q.codes)
+    if fmt.name == "float4_e2m1fn":
+        codes = _layouts.unpack_fp4(codes)
+    values = _encode.decode(codes, fmt)
+    scale = _plain_scale_bytes_or_float(q)
+
+    if isinstance(scheme, (_schemes.TensorScaling, _schemes.AxisScaling, _schemes.BlockScaling)):
+        out = values * _groups.expand(scale, scheme, shape)
+    elif isinstance(scheme, _schemes.MXScaling):
+        s = scale.to(torch.int32)
+        exponent = torch.where(s == 0xFF, 127, s) - 127
+        out = _bits.mul_pow2(values, _groups.expand(exponent, scheme, shape))
+    elif isinstance(scheme, _schemes.NVFP4Scaling):
+        s_dec = 1.0 if q.global_scale is None else q.global_scale
+        p = _bits.ftz(_encode.decode(scale, _E4M3) * s_dec)
+        out = values * _groups.expand(p, scheme, shape)
+    else:
+        raise TypeError(f"not a lowp scheme: {scheme!r}")
+
+    out = _bits.ftz(out)
+    poisoned = _groups.expand(_poisoned_groups(q, scale), scheme, shape)
+    poisoned = poisoned | _bits.is_nan_bits(_bits.bits(out))
+    int_dtype = _storage.SAME_WIDTH_INT[out_dtype]
+    result = out.to(out_dtype).view(int_dtype)
+    nan = _storage.CANONICAL_NAN_BITS[out_dtype]
+    return torch.where(poisoned, nan, result).view(out_dtype)
