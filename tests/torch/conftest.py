@@ -1,0 +1,21 @@
+"""The lowp_torch tests run only where torch is installed; elsewhere the folder skips."""
+
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not hasattr(torch, "Tensor"):
+    # With tests/ on sys.path (pytest's default import mode puts it there), this very
+    # folder imports as a namespace package called "torch" when the real one is absent.
+    del sys.modules["torch"]
+    pytest.skip("torch is not installed", allow_module_level=True)
+
+# torch_cases.py sits beside the tests and is shared with gpu_conformance.py; make it
+# importable whatever pytest's import mode.
+sys.path.insert(0, os.path.dirname(__file__))
+
+# Not test modules: keep --doctest-modules from importing them (gpu_conformance.py is a
+# script, and a same-named script in another frontend's folder would clash by basename).
+collect_ignore = ["gpu_conformance.py", "torch_cases.py"]
