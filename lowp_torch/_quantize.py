@@ -3,10 +3,11 @@
 Each scheme's algorithm is written out in one branch, in the order of spec §3 and of
 `lowp/_quantize.py`. What keeps CPU, CUDA, eager and torch.compile on the same bytes
 (spec §0): integer ops on float32 bits for every max, exponent, flush and code;
-float32 products each rounded once and never followed by an add (no FMA can form);
-divisions in float64 rounded once to float32 (`_bits.div_rn32`); no native cast to a
-low-precision format; shapes and schemes are Python values, so no branch depends on
-data and nothing syncs with the host (except `check_finite=True`).
+float32 products each rounded once, none feeding an inexact add (so a contracted FMA
+changes nothing); divisions in float64 rounded once to float32 (`_bits.div_rn32`);
+no float division by a constant (Inductor turns it into a reciprocal multiply); no
+native cast to a low-precision format; shapes and schemes are Python values, so no
+branch depends on data and nothing syncs with the host (except `check_finite=True`).
 """
 
 import numpy as np
@@ -19,6 +20,7 @@ from lowp_torch import _bits, _encode, _groups, _layouts, _qtensor, _rounding, _
 _E4M3 = _formats.FLOAT8_E4M3FN
 _E2M1 = _formats.FLOAT4_E2M1FN
 _ONE_SIXTH = float(np.float32(1) / np.float32(6))  # RN32(1/6), exact as a Python float
+_WHOLE_TENSOR = _schemes.TensorScaling()  # the group of NVFP4's global amax
 
 
 def _hp_input(t, name: str) -> torch.Tensor:
@@ -35,7 +37,7 @@ def _hp_input(t, name: str) -> torch.Tensor:
         )
     if t.dtype not in _storage.HP_DTYPES:
         raise TypeError(f"{name}: input dtype {t.dtype} is not float32, bfloat16 or float16")
-    # Quantization has no gradient here; detach so the int32 views below are allowed.
+    # Codes have no gradient; detaching keeps autograd from recording the bit arithmetic.
     return t.detach().to(torch.float32)
 
 
@@ -147,7 +149,8 @@ def quantize(
         t.shape, offset)`, computed on t's device.
       check_finite: raise FloatingPointError naming the tensor on NaN/Inf instead of
         poisoning the group (spec §6). This reads a flag back from the device: a host
-        sync, and under torch.compile a graph break (the raise happens at that point).
+        sync, and under torch.compile a graph break, where the error is raised before
+        any code is made (with fullgraph=True, compilation refuses it).
       name: how errors refer to `t`.
 
     Returns:
@@ -213,7 +216,7 @@ def _nvfp4_global(absb: torch.Tensor, scheme):
     one = torch.ones((), dtype=torch.float32, device=absb.device)
     if not scheme.global_scale:
         return one, one, torch.zeros((), dtype=torch.bool, device=absb.device)
-    tensor_amax_bits = _groups.group_max(absb, _schemes.TensorScaling())
+    tensor_amax_bits = _groups.group_max(absb, _WHOLE_TENSOR)
     tensor_poisoned = tensor_amax_bits >= _bits.INF_BITS  # a non-finite tensor poisons every block
     trivial = tensor_poisoned | (tensor_amax_bits == 0)  # both give S_enc = S_dec = 1
     tensor_amax = _bits.from_bits(torch.where(trivial, _bits.bits(one), tensor_amax_bits))

@@ -36,8 +36,9 @@ _OPAQUE_DTYPES = (torch.float8_e8m0fnu, torch.float4_e2m1fn_x2)
 
 @torch.library.custom_op("lowp_torch::reinterpret_bytes", mutates_args=())
 def _reinterpret_bytes(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # A copy: a custom op may not return a view of its input.
-    return t.view(dtype).clone()
+    # A copy (a custom op may not return a view of its input), made as uint8 so it needs
+    # no kernel for the low-precision dtype.
+    return t.view(torch.uint8).clone().view(dtype)
 
 
 @_reinterpret_bytes.register_fake

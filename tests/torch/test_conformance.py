@@ -290,6 +290,29 @@ def test_check_finite_names_the_tensor_as_lowp_does():
     assert message.startswith("layer1.weight: 2 non-finite element(s), the first at index (2, 5)")
 
 
+def test_check_finite_raises_under_torch_compile_too():
+    """The check is a host sync, so compile breaks the graph there; the error is the same."""
+    quantize = torch.compile(lambda t: lowp_torch.quantize(t, lowp.TensorScaling(), check_finite=True, name="x").codes)
+    bad = torch.ones(4, 32)
+    bad[1, 2] = float("nan")
+    with pytest.raises(FloatingPointError, match=r"x: 1 non-finite element\(s\), the first at index \(1, 2\)"):
+        quantize(bad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scheme", [lowp.AxisScaling(axis=0), lowp.MXScaling(block=8, mode="ceil"), lowp.NVFP4Scaling(block=8)], ids=tc.scheme_id)
+def test_non_contiguous_input_is_quantized_as_its_values(device, scheme):
+    """A transposed view quantizes like its contiguous copy; seed bits follow the logical index."""
+    x32 = tc.make_input("random", (32, 8), scheme)
+    view = torch.from_numpy(x32).to(device).t()
+    assert not view.is_contiguous()
+    kwargs = tc.rounding_kwargs("stochastic", 3)
+    q = lowp_torch.quantize(view, scheme, **kwargs)
+    ref = lowp.quantize(np.ascontiguousarray(x32.T), scheme, **kwargs)
+    problems = tc.compare(q, q.dequantize(), ref, np.ascontiguousarray(x32.T), scheme)
+    assert not problems, "\n".join(problems)
+
+
 def test_quantized_tensor_refuses_inconsistent_fields():
     q = lowp_torch.quantize(torch.ones(4, 32), lowp.NVFP4Scaling())
 

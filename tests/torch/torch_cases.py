@@ -161,10 +161,22 @@ def make_input(case: str, shape, scheme, variant: int = 0) -> np.ndarray:
     raise ValueError(f"unknown edge case {case!r}")
 
 
-def random_magnitudes(shape, seed: int) -> np.ndarray:
-    """Random float32 over 1e-30 .. 1e30 (log-uniform per element), random signs, zeros."""
+def random_magnitudes(shape, seed: int, chunk: int | None = None) -> np.ndarray:
+    """Random float32 over 1e-30 .. 1e30, random signs, 1% zeros.
+
+    chunk=None: each element's magnitude is log-uniform. chunk=k: each run of k
+    elements along the last axis shares a log-uniform magnitude (times 10**U(-2, 0)
+    per element), so group maxima, and so the quotients of the scale formulas, spread
+    over the whole range too.
+    """
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal(shape) * 10.0 ** rng.uniform(-30, 30, size=shape)
+    if chunk is None:
+        exponent = rng.uniform(-30, 30, size=shape)
+    else:
+        runs = tuple(shape[:-1]) + (-(-shape[-1] // chunk),)
+        per_run = np.repeat(rng.uniform(-30, 30, size=runs), chunk, axis=-1)[..., : shape[-1]]
+        exponent = per_run + rng.uniform(-2, 0, size=shape)
+    x = rng.standard_normal(shape) * 10.0**exponent
     x[rng.random(shape) < 0.01] = 0.0
     return x.astype(F32)
 
