@@ -1,4 +1,4 @@
-"""Conformance cases and the byte comparison, shared by test_conformance.py and
+"""Conformance cases and the byte comparison, shared by test_torch_conformance.py and
 gpu_conformance.py.
 
 A case is (scheme, input shape, edge case, input dtype, rounding). `run_roundtrip`

@@ -7,6 +7,9 @@ shapes, each graph fed every edge case); randomized shapes and magnitudes; the
 encoder over a dense sweep of float32 patterns; validation errors mirroring lowp's.
 On a mismatch the message names the first differing element, its input float32 bits
 and both outputs.
+
+(Named test_torch_conformance.py, not test_conformance.py: pytest's default import mode
+imports test files by basename, and tests/jax/ has a test_conformance.py.)
 """
 
 import contextlib
