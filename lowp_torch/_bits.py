@@ -94,8 +94,3 @@ def div_rn32(numerator, denominator: torch.Tensor) -> torch.Tensor:
     # Clamping in float64 first makes min(RN32(q), FLT_MAX) == RN32(min(q, FLT_MAX))
     # without an out-of-range float64 -> float32 conversion.
     return torch.clamp(quotient, max=FLT_MAX).to(torch.float32)
-
-
-def bits_const(pattern: int, like: torch.Tensor) -> torch.Tensor:
-    """A float32 tensor shaped like `like`, every element the float32 with `pattern`."""
-    return from_bits(torch.full(like.shape, pattern, dtype=torch.int32, device=like.device))

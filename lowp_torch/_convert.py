@@ -9,7 +9,6 @@ import torch
 
 import lowp
 from lowp import _schemes
-
 from lowp_torch import _qtensor, _storage
 
 _HP_BY_NAME = {name: dtype for dtype, name in _storage.HP_DTYPES.items()}

@@ -9,7 +9,6 @@ it needs no table on the device and no float arithmetic that could round.
 import torch
 
 from lowp import _formats
-
 from lowp_torch import _bits
 
 

@@ -16,9 +16,11 @@ from lowp import _schemes
 def _amax(a: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> torch.Tensor:
     """torch.amax, with 0 for empty groups (torch refuses to reduce a size-0 dim)."""
     if any(a.shape[d] == 0 for d in dims):
-        shape = [1 if d in dims else n for d, n in enumerate(a.shape)] if keepdim else [
-            n for d, n in enumerate(a.shape) if d not in dims
-        ]
+        shape = (
+            [1 if d in dims else n for d, n in enumerate(a.shape)]
+            if keepdim
+            else [n for d, n in enumerate(a.shape) if d not in dims]
+        )
         return torch.zeros(shape, dtype=a.dtype, device=a.device)
     return torch.amax(a, dim=dims, keepdim=keepdim)
 

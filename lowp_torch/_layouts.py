@@ -33,7 +33,9 @@ def to_cublas_blocked(scale: torch.Tensor) -> torch.Tensor:
     `(r % 32) * 16 + (r % 128 // 32) * 4 + c % 4` (torchao `to_blocked`).
     """
     if scale.ndim != 2:
-        raise ValueError(f"to_cublas_blocked takes a 2-D scale matrix, got shape {tuple(scale.shape)}")
+        raise ValueError(
+            f"to_cublas_blocked takes a 2-D scale matrix, got shape {tuple(scale.shape)}"
+        )
     rows, cols = scale.shape
     padded_rows, padded_cols = _layouts.cublas_blocked_shape(rows, cols)
     padded = F.pad(scale, (0, padded_cols - cols, 0, padded_rows - rows))

@@ -9,7 +9,6 @@ import dataclasses
 import torch
 
 from lowp import _qtensor, _schemes
-
 from lowp_torch import _layouts, _storage
 
 
@@ -128,8 +127,12 @@ class QuantizedTensor:
 
 def _expect_tensor(field, value, dtype, shape) -> None:
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"QuantizedTensor.{field} must be a torch.Tensor, got {type(value).__name__}")
+        raise TypeError(
+            f"QuantizedTensor.{field} must be a torch.Tensor, got {type(value).__name__}"
+        )
     if value.dtype != dtype:
         raise TypeError(f"QuantizedTensor.{field} must be {dtype}, got {value.dtype}")
     if tuple(value.shape) != tuple(shape):
-        raise ValueError(f"QuantizedTensor.{field} must have shape {tuple(shape)}, got {tuple(value.shape)}")
+        raise ValueError(
+            f"QuantizedTensor.{field} must have shape {tuple(shape)}, got {tuple(value.shape)}"
+        )

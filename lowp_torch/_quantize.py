@@ -13,8 +13,8 @@ branch depends on data and nothing syncs with the host (except `check_finite=Tru
 import numpy as np
 import torch
 
-from lowp import _formats, _rounding as _lowp_rounding, _schemes
-
+from lowp import _formats, _schemes
+from lowp import _rounding as _lowp_rounding
 from lowp_torch import _bits, _encode, _groups, _layouts, _qtensor, _rounding, _storage
 
 _E4M3 = _formats.FLOAT8_E4M3FN
@@ -57,7 +57,10 @@ def _random_for(t, rounding, random_bits, seed, offset, name) -> torch.Tensor | 
         return _rounding.random_bits(seed, tuple(t.shape), offset, device=t.device)
     if offset != 0:
         raise ValueError(f"{name}: offset goes with seed, not with explicit random_bits")
-    if not isinstance(random_bits, torch.Tensor) or random_bits.dtype not in (torch.uint32, torch.int64):
+    if not isinstance(random_bits, torch.Tensor) or random_bits.dtype not in (
+        torch.uint32,
+        torch.int64,
+    ):
         raise TypeError(
             f"{name}: random_bits must be a uint32 torch tensor (or int64 holding uint32 "
             f"values), got {random_bits!r:.80}"
@@ -68,9 +71,7 @@ def _random_for(t, rounding, random_bits, seed, offset, name) -> torch.Tensor | 
             f"{tuple(t.shape)}; one per element"
         )
     if random_bits.device != t.device:
-        raise ValueError(
-            f"{name}: random_bits is on {random_bits.device}, the input on {t.device}"
-        )
+        raise ValueError(f"{name}: random_bits is on {random_bits.device}, the input on {t.device}")
     if random_bits.dtype == torch.uint32:
         # Few uint32 ops exist; reinterpret as int32 and widen, keeping the 32 bits.
         return random_bits.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
@@ -237,10 +238,16 @@ def _quantize_nvfp4(xf, absb, scheme, random, block_amax_bits, block_poisoned):
     p = _bits.ftz(_encode.decode(sb, _E4M3) * s_dec)
     p_is_zero = _bits.abs_bits(p) == 0
     safe_p = torch.where(p_is_zero, 1.0, p)
-    inv = torch.where(p_is_zero, _bits.FLT_MAX, _bits.div_rn32(1.0, safe_p))  # min(., FLT_MAX) inside
+    inv = torch.where(
+        p_is_zero, _bits.FLT_MAX, _bits.div_rn32(1.0, safe_p)
+    )  # min(., FLT_MAX) inside
     v = xf * _groups.expand(inv, scheme, tuple(xf.shape))
-    codes = _encode_elements(v, _E2M1, random, _groups.expand(block_poisoned, scheme, tuple(xf.shape)))
-    scale_bytes = torch.where(block_poisoned, _E4M3.nan_codes[0], sb.to(torch.int32)).to(torch.uint8)
+    codes = _encode_elements(
+        v, _E2M1, random, _groups.expand(block_poisoned, scheme, tuple(xf.shape))
+    )
+    scale_bytes = torch.where(block_poisoned, _E4M3.nan_codes[0], sb.to(torch.int32)).to(
+        torch.uint8
+    )
     scale = _storage.as_stored(scale_bytes, torch.float8_e4m3fn)
     global_scale = None
     if scheme.global_scale:

@@ -8,7 +8,6 @@ import numpy as np
 import torch
 
 from lowp import _formats
-
 from lowp_torch import _bits, _encode
 
 _MASK32 = 0xFFFFFFFF
@@ -60,7 +59,9 @@ def random_bits(seed: int, shape, offset: int = 0, *, device=None) -> torch.Tens
     return x.reshape(shape)
 
 
-def round_elements(v: torch.Tensor, fmt: _formats.Format, random: torch.Tensor | None) -> torch.Tensor:
+def round_elements(
+    v: torch.Tensor, fmt: _formats.Format, random: torch.Tensor | None
+) -> torch.Tensor:
     """uint8 codes for float32 `v`, already clamped to ±fmt.max and flushed.
 
     `random` is None for round-to-nearest-even, else an int64 tensor of uint32 values,

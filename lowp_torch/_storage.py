@@ -24,7 +24,11 @@ SCALE_DTYPES = {
 HP_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 # Canonical NaN bit patterns lowp writes (spec §1), as the signed ints of the same width.
 CANONICAL_NAN_BITS = {torch.float32: 0x7FC00000, torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
-SAME_WIDTH_INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+SAME_WIDTH_INT = {
+    torch.float32: torch.int32,
+    torch.bfloat16: torch.int16,
+    torch.float16: torch.int16,
+}
 
 # Inductor has no C++ or Triton type for these two (torch 2.13 CPU: "float8_e8m0fnu
 # missing from DTYPE_TO_CPP", "KeyError: torch.float4_e2m1fn_x2"): a kernel can neither

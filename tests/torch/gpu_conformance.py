@@ -41,10 +41,16 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import lowp  # noqa: E402
-import torch_cases as tc  # noqa: E402
+import torch_cases as tc
 
-INPUTS = [("float32", "nearest"), ("float32", "stochastic"), ("bfloat16", "nearest"), ("float16", "nearest")]
+import lowp
+
+INPUTS = [
+    ("float32", "nearest"),
+    ("float32", "stochastic"),
+    ("bfloat16", "nearest"),
+    ("float16", "nearest"),
+]
 BIG_SHAPE = (256, 4096)  # 1M elements; admits every rank-2 scheme of torch_cases
 QUICK_BIG_SHAPE = (16, 1024)
 MAX_RECORDED = 200  # mismatches kept in the JSON in full; all are counted
@@ -73,7 +79,11 @@ DTYPE_SCHEMES = [
     lowp.MXScaling("float4_e2m1fn", mode="floor"),
     lowp.NVFP4Scaling(),
 ]
-SMALL_COMPILED = [lowp.TensorScaling("float8_e4m3fn"), lowp.MXScaling("float6_e2m3fn", block=8, mode="rceil"), lowp.NVFP4Scaling()]
+SMALL_COMPILED = [
+    lowp.TensorScaling("float8_e4m3fn"),
+    lowp.MXScaling("float6_e2m3fn", block=8, mode="rceil"),
+    lowp.NVFP4Scaling(),
+]
 
 
 class Run:
@@ -86,7 +96,9 @@ class Run:
         self.last_flush = 0.0
         self.summary = {
             "device": device,
-            "device_name": torch.cuda.get_device_name() if device == "cuda" else platform.platform(),
+            "device_name": torch.cuda.get_device_name()
+            if device == "cuda"
+            else platform.platform(),
             "torch": torch.__version__,
             "triton": _version("triton"),
             "numpy": np.__version__,
@@ -113,24 +125,35 @@ class Run:
         return time.time() - self.start > self.args.time_budget
 
     def record(self, section, case_id, problems):
-        sec = self.summary["sections"].setdefault(section, {"cases": 0, "mismatches": 0, "errors": 0})
+        sec = self.summary["sections"].setdefault(
+            section, {"cases": 0, "mismatches": 0, "errors": 0}
+        )
         sec["cases"] += 1
         self.summary["cases_run"] += 1
         if problems:
             sec["mismatches"] += 1
             self.summary["mismatch_count"] += 1
             if len(self.summary["mismatches"]) < MAX_RECORDED:
-                self.summary["mismatches"].append({"section": section, "case": case_id, "first_differences": problems[:8]})
+                self.summary["mismatches"].append(
+                    {"section": section, "case": case_id, "first_differences": problems[:8]}
+                )
             print(f"MISMATCH {section} {case_id}\n  " + "\n  ".join(problems[:3]), flush=True)
         self.flush()
 
     def error(self, section, case_id, exc):
-        sec = self.summary["sections"].setdefault(section, {"cases": 0, "mismatches": 0, "errors": 0})
+        sec = self.summary["sections"].setdefault(
+            section, {"cases": 0, "mismatches": 0, "errors": 0}
+        )
         sec["errors"] += 1
         self.summary["error_count"] += 1
         if len(self.summary["errors"]) < MAX_RECORDED:
             self.summary["errors"].append(
-                {"section": section, "case": case_id, "error": repr(exc)[:2000], "traceback": traceback.format_exc()[-4000:]}
+                {
+                    "section": section,
+                    "case": case_id,
+                    "error": repr(exc)[:2000],
+                    "traceback": traceback.format_exc()[-4000:],
+                }
             )
         print(f"ERROR {section} {case_id}: {exc!r}"[:500], flush=True)
         self.flush(force=True)
@@ -147,7 +170,9 @@ class Run:
 
     def check(self, section, case_id, roundtrip, scheme, x32, hp_dtype, kwargs, extras=False):
         try:
-            problems = tc.check_case(roundtrip, scheme, x32, hp_dtype, kwargs, self.device, extras=extras)
+            problems = tc.check_case(
+                roundtrip, scheme, x32, hp_dtype, kwargs, self.device, extras=extras
+            )
         except Exception as exc:  # noqa: BLE001 - every failure is recorded, the run goes on
             self.error(section, case_id, exc)
             return False
@@ -183,16 +208,27 @@ def run_eager(run: Run, big_shape):
                     for hp_dtype, rounding in INPUTS:
                         kwargs = tc.rounding_kwargs(rounding, variant)
                         run.check(
-                            section, _case_id(scheme, shape, f"{case}{variant}", hp_dtype, rounding, kwargs),
-                            tc.eager_roundtrip(scheme, kwargs), scheme, x32, hp_dtype, kwargs,
+                            section,
+                            _case_id(scheme, shape, f"{case}{variant}", hp_dtype, rounding, kwargs),
+                            tc.eager_roundtrip(scheme, kwargs),
+                            scheme,
+                            x32,
+                            hp_dtype,
+                            kwargs,
                             extras=(hp_dtype, rounding) == ("float32", "nearest"),
                         )
             empty = np.zeros(tc.EMPTY_SHAPES[rank], np.float32)
             for hp_dtype, rounding in INPUTS:
                 kwargs = tc.rounding_kwargs(rounding)
                 run.check(
-                    section, _case_id(scheme, empty.shape, "empty", hp_dtype, rounding, kwargs),
-                    tc.eager_roundtrip(scheme, kwargs), scheme, empty, hp_dtype, kwargs, extras=True,
+                    section,
+                    _case_id(scheme, empty.shape, "empty", hp_dtype, rounding, kwargs),
+                    tc.eager_roundtrip(scheme, kwargs),
+                    scheme,
+                    empty,
+                    hp_dtype,
+                    kwargs,
+                    extras=True,
                 )
     section = "eager-1M-random"
     for i, scheme in enumerate(tc.schemes_for_rank(2)):
@@ -206,8 +242,20 @@ def run_eager(run: Run, big_shape):
             x32 = tc.random_magnitudes(big_shape, seed=100 * i + j, chunk=chunk)
             kwargs = tc.rounding_kwargs(rounding, i)
             run.check(
-                section, _case_id(scheme, big_shape, f"random(seed={100 * i + j}, chunk={chunk})", hp_dtype, rounding, kwargs),
-                tc.eager_roundtrip(scheme, kwargs), scheme, x32, hp_dtype, kwargs,
+                section,
+                _case_id(
+                    scheme,
+                    big_shape,
+                    f"random(seed={100 * i + j}, chunk={chunk})",
+                    hp_dtype,
+                    rounding,
+                    kwargs,
+                ),
+                tc.eager_roundtrip(scheme, kwargs),
+                scheme,
+                x32,
+                hp_dtype,
+                kwargs,
             )
 
 
@@ -238,7 +286,11 @@ def run_compiled(run: Run, big_shape, quick):
     import torch._dynamo.config as dynamo_config
 
     # Every compiled closure shares one code object and so one recompile budget.
-    for key, value in {"recompile_limit": 100_000, "cache_size_limit": 100_000, "fail_on_recompile_limit_hit": True}.items():
+    for key, value in {
+        "recompile_limit": 100_000,
+        "cache_size_limit": 100_000,
+        "fail_on_recompile_limit_hit": True,
+    }.items():
         if hasattr(dynamo_config, key):
             setattr(dynamo_config, key, value)
     schemes = compiled_schemes()
@@ -251,7 +303,9 @@ def run_compiled(run: Run, big_shape, quick):
             continue
         if run.out_of_time():
             run.summary["skipped_for_time"] += [
-                f"compiled {s} {d} {r}" for i, (s, d, r) in enumerate(graphs) if i >= k and run.mine(i + 1)
+                f"compiled {s} {d} {r}"
+                for i, (s, d, r) in enumerate(graphs)
+                if i >= k and run.mine(i + 1)
             ]
             return
         inputs = [
@@ -260,7 +314,10 @@ def run_compiled(run: Run, big_shape, quick):
             for v in range(tc.VARIANTS.get(case, 1))
         ]
         inputs += [
-            (f"random(seed={1000 * k + c}, chunk={chunk})", tc.random_magnitudes(big_shape, seed=1000 * k + c, chunk=chunk))
+            (
+                f"random(seed={1000 * k + c}, chunk={chunk})",
+                tc.random_magnitudes(big_shape, seed=1000 * k + c, chunk=chunk),
+            )
             for c, chunk in enumerate((None, 16))
         ]
         _compiled_graph(run, "compiled", scheme, big_shape, hp_dtype, rounding, inputs)
@@ -292,16 +349,27 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="folder for torch_gpu_conformance.json")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--part", choices=("eager", "compiled", "all"), default="all")
-    parser.add_argument("--time-budget", type=float, default=540.0, help="seconds; then stop and exit 2")
-    parser.add_argument("--shard", type=_shard, default=(1, 1), help="K/N: run the K-th of N interleaved shares")
-    parser.add_argument("--quick", action="store_true", help="a 16K stand-in for 1M and one compiled scheme of each kind")
+    parser.add_argument(
+        "--time-budget", type=float, default=540.0, help="seconds; then stop and exit 2"
+    )
+    parser.add_argument(
+        "--shard", type=_shard, default=(1, 1), help="K/N: run the K-th of N interleaved shares"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a 16K stand-in for 1M and one compiled scheme of each kind",
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but torch.cuda.is_available() is False")
     run = Run(args, args.device)
     big_shape = QUICK_BIG_SHAPE if args.quick else BIG_SHAPE
     run.summary["big_shape"] = list(big_shape)
-    print(f"lowp_torch conformance on {args.device} ({run.summary['device_name']}), torch {torch.__version__}", flush=True)
+    print(
+        f"lowp_torch conformance on {args.device} ({run.summary['device_name']}), torch {torch.__version__}",
+        flush=True,
+    )
     if args.part in ("eager", "all"):
         run_eager(run, big_shape)
     if args.part in ("compiled", "all"):

@@ -21,17 +21,22 @@ import importlib
 import numpy as np
 import pytest
 import torch
+import torch_cases as tc
 
 import lowp
 import lowp_torch
-import torch_cases as tc
 from lowp_torch import _encode
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 # float32 carries both roundings; bfloat16/float16 differ from it only in the exact
 # conversion to float32, so nearest rounding suffices for them.
-INPUTS = [("float32", "nearest"), ("float32", "stochastic"), ("bfloat16", "nearest"), ("float16", "nearest")]
+INPUTS = [
+    ("float32", "nearest"),
+    ("float32", "stochastic"),
+    ("bfloat16", "nearest"),
+    ("float16", "nearest"),
+]
 
 EAGER_CASES = [
     (rank, scheme, case, variant)
@@ -56,8 +61,14 @@ def test_eager_matches_lowp(device, rank, scheme, case, variant):
     for hp_dtype, rounding in INPUTS:
         kwargs = tc.rounding_kwargs(rounding, variant)
         problems += tc.check_case(
-            tc.eager_roundtrip(scheme, kwargs), scheme, x32, hp_dtype, kwargs, device,
-            extras=(hp_dtype, rounding) == ("float32", "nearest"), label=f"[{hp_dtype}, {rounding}] ",
+            tc.eager_roundtrip(scheme, kwargs),
+            scheme,
+            x32,
+            hp_dtype,
+            kwargs,
+            device,
+            extras=(hp_dtype, rounding) == ("float32", "nearest"),
+            label=f"[{hp_dtype}, {rounding}] ",
         )
     assert not problems, "\n".join(problems)
 
@@ -75,8 +86,14 @@ def test_empty_tensors_match_lowp(device, rank, scheme):
     for hp_dtype, rounding in INPUTS:
         kwargs = tc.rounding_kwargs(rounding)
         problems += tc.check_case(
-            tc.eager_roundtrip(scheme, kwargs), scheme, x32, hp_dtype, kwargs, device,
-            extras=rounding == "nearest", label=f"[{hp_dtype}, {rounding}] ",
+            tc.eager_roundtrip(scheme, kwargs),
+            scheme,
+            x32,
+            hp_dtype,
+            kwargs,
+            device,
+            extras=rounding == "nearest",
+            label=f"[{hp_dtype}, {rounding}] ",
         )
     assert not problems, "\n".join(problems)
 
@@ -107,14 +124,15 @@ def _strict_dynamo():
         yield
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(scheme, rounding):
     return tc.compiled_roundtrip(scheme, tc.rounding_kwargs(rounding))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    "scheme, hp_dtype, rounding", COMPILED,
+    "scheme, hp_dtype, rounding",
+    COMPILED,
     ids=[f"{tc.scheme_id(s)}-{d}-{r}" for s, d, r in COMPILED],
 )
 def test_compiled_matches_lowp(device, scheme, hp_dtype, rounding):
@@ -150,7 +168,12 @@ def test_randomized_shapes_and_magnitudes(device, seed):
         rounding = ["nearest", "stochastic"][int(rng.integers(2))]
         kwargs = tc.rounding_kwargs(rounding, trial)
         problems += tc.check_case(
-            tc.eager_roundtrip(scheme, kwargs), scheme, x32, hp_dtype, kwargs, device,
+            tc.eager_roundtrip(scheme, kwargs),
+            scheme,
+            x32,
+            hp_dtype,
+            kwargs,
+            device,
             label=f"[trial {trial}: {shape} {scheme} {hp_dtype} {rounding}] ",
         )
     assert not problems, "\n".join(problems)
@@ -176,7 +199,9 @@ def test_encoder_and_decoder_match_lowp(device, fmt):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("seed, offset, shape", [(0, 0, (3,)), (7, 5, (4, 33)), (-1, 2**33 + 1, (2, 3, 4))])
+@pytest.mark.parametrize(
+    "seed, offset, shape", [(0, 0, (3,)), (7, 5, (4, 33)), (-1, 2**33 + 1, (2, 3, 4))]
+)
 def test_random_bits_match_lowp(device, seed, offset, shape):
     got = lowp_torch.random_bits(seed, shape, offset, device=device)
     assert got.dtype == torch.int64 and tuple(got.shape) == shape
@@ -185,7 +210,11 @@ def test_random_bits_match_lowp(device, seed, offset, shape):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bits_dtype", [torch.uint32, torch.int64])
-@pytest.mark.parametrize("scheme", [lowp.MXScaling("float8_e4m3fn", block=8), lowp.NVFP4Scaling(block=8)], ids=tc.scheme_id)
+@pytest.mark.parametrize(
+    "scheme",
+    [lowp.MXScaling("float8_e4m3fn", block=8), lowp.NVFP4Scaling(block=8)],
+    ids=tc.scheme_id,
+)
 def test_explicit_random_bits_match_lowp(device, bits_dtype, scheme):
     x32 = tc.make_input("random", (4, 32), scheme)
     rng = np.random.default_rng(3)
@@ -195,7 +224,9 @@ def test_explicit_random_bits_match_lowp(device, bits_dtype, scheme):
         r_torch = torch.from_numpy(r.view(np.int32)).view(torch.uint32).to(device)
     else:
         r_torch = torch.from_numpy(r.astype(np.int64)).to(device)
-    q = lowp_torch.quantize(torch.from_numpy(x32).to(device), scheme, rounding="stochastic", random_bits=r_torch)
+    q = lowp_torch.quantize(
+        torch.from_numpy(x32).to(device), scheme, rounding="stochastic", random_bits=r_torch
+    )
     ref = lowp.quantize(x32, scheme, rounding="stochastic", random_bits=r)
     problems = tc.compare(q, q.dequantize(), ref, x32, scheme)
     assert not problems, "\n".join(problems)
@@ -223,11 +254,15 @@ BAD_SCHEMES = [
 ]
 
 
-@pytest.mark.parametrize("scheme, shape", BAD_SCHEMES, ids=[tc.scheme_id(s) + str(sh) for s, sh in BAD_SCHEMES])
+@pytest.mark.parametrize(
+    "scheme, shape", BAD_SCHEMES, ids=[tc.scheme_id(s) + str(sh) for s, sh in BAD_SCHEMES]
+)
 def test_bad_shapes_raise_lowps_errors(scheme, shape):
     x = np.zeros(shape, np.float32)
     _raises_like_lowp(
-        lambda: lowp_torch.quantize(torch.from_numpy(x), scheme), lambda: lowp.quantize(x, scheme), ValueError
+        lambda: lowp_torch.quantize(torch.from_numpy(x), scheme),
+        lambda: lowp.quantize(x, scheme),
+        ValueError,
     )
 
 
@@ -268,9 +303,13 @@ def test_bad_inputs_name_the_problem():
         lowp_torch.quantize(torch.zeros(4), "float8")
     x = torch.zeros(4, 32)
     with pytest.raises(TypeError, match="random_bits must be a uint32 torch tensor"):
-        lowp_torch.quantize(x, s, rounding="stochastic", random_bits=torch.zeros(4, 32, dtype=torch.int32))
+        lowp_torch.quantize(
+            x, s, rounding="stochastic", random_bits=torch.zeros(4, 32, dtype=torch.int32)
+        )
     with pytest.raises(ValueError, match=r"random_bits has shape \(4, 31\), the input \(4, 32\)"):
-        lowp_torch.quantize(x, s, rounding="stochastic", random_bits=torch.zeros(4, 31, dtype=torch.int64))
+        lowp_torch.quantize(
+            x, s, rounding="stochastic", random_bits=torch.zeros(4, 31, dtype=torch.int64)
+        )
     q = lowp_torch.quantize(x, s)
     with pytest.raises(TypeError, match="takes a lowp_torch.QuantizedTensor"):
         lowp_torch.dequantize(lowp.quantize(X, s))
@@ -286,7 +325,9 @@ def test_check_finite_names_the_tensor_as_lowp_does():
     x = tc.make_input("random", (4, 32), lowp.MXScaling())
     x[2, 5], x[3, 0] = np.inf, np.nan
     message = _raises_like_lowp(
-        lambda: lowp_torch.quantize(torch.from_numpy(x), lowp.MXScaling(), check_finite=True, name="layer1.weight"),
+        lambda: lowp_torch.quantize(
+            torch.from_numpy(x), lowp.MXScaling(), check_finite=True, name="layer1.weight"
+        ),
         lambda: lowp.quantize(x, lowp.MXScaling(), check_finite=True, name="layer1.weight"),
         FloatingPointError,
     )
@@ -295,15 +336,23 @@ def test_check_finite_names_the_tensor_as_lowp_does():
 
 def test_check_finite_raises_under_torch_compile_too():
     """The check is a host sync, so compile breaks the graph there; the error is the same."""
-    quantize = torch.compile(lambda t: lowp_torch.quantize(t, lowp.TensorScaling(), check_finite=True, name="x").codes)
+    quantize = torch.compile(
+        lambda t: lowp_torch.quantize(t, lowp.TensorScaling(), check_finite=True, name="x").codes
+    )
     bad = torch.ones(4, 32)
     bad[1, 2] = float("nan")
-    with pytest.raises(FloatingPointError, match=r"x: 1 non-finite element\(s\), the first at index \(1, 2\)"):
+    with pytest.raises(
+        FloatingPointError, match=r"x: 1 non-finite element\(s\), the first at index \(1, 2\)"
+    ):
         quantize(bad)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("scheme", [lowp.AxisScaling(axis=0), lowp.MXScaling(block=8, mode="ceil"), lowp.NVFP4Scaling(block=8)], ids=tc.scheme_id)
+@pytest.mark.parametrize(
+    "scheme",
+    [lowp.AxisScaling(axis=0), lowp.MXScaling(block=8, mode="ceil"), lowp.NVFP4Scaling(block=8)],
+    ids=tc.scheme_id,
+)
 def test_non_contiguous_input_is_quantized_as_its_values(device, scheme):
     """A transposed view quantizes like its contiguous copy; seed bits follow the logical index."""
     x32 = tc.make_input("random", (32, 8), scheme)
@@ -335,7 +384,11 @@ def test_quantized_tensor_refuses_inconsistent_fields():
 def test_quantize_does_not_mutate_its_input(device):
     x = torch.from_numpy(tc.make_input("nan", (4, 32), lowp.NVFP4Scaling())).to(device)
     before = x.clone()
-    for scheme in (lowp.NVFP4Scaling(), lowp.MXScaling(mode="rceil"), lowp.BlockScaling(block=(2, 8))):
+    for scheme in (
+        lowp.NVFP4Scaling(),
+        lowp.MXScaling(mode="rceil"),
+        lowp.BlockScaling(block=(2, 8)),
+    ):
         lowp_torch.quantize(x, scheme, rounding="stochastic", seed=1)
     assert torch.equal(x.view(torch.int32), before.view(torch.int32))
 
@@ -352,15 +405,22 @@ def test_storage_dtypes_are_torchs_native_ones(device):
     }
     for scheme, (code_dtype, scale_dtype) in expect.items():
         q = lowp_torch.quantize(x, scheme)
-        assert (q.codes.dtype, q.scale.dtype, q.codes.device.type) == (code_dtype, scale_dtype, x.device.type)
+        assert (q.codes.dtype, q.scale.dtype, q.codes.device.type) == (
+            code_dtype,
+            scale_dtype,
+            x.device.type,
+        )
     q = lowp_torch.quantize(x.to(torch.bfloat16), lowp.NVFP4Scaling())
     assert q.global_scale.dtype == torch.float32 and q.global_scale.shape == ()
     assert q.hp_dtype == torch.bfloat16 and q.dequantize().dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize(
-    "module", ["_bits", "_convert", "_encode", "_layouts", "_qtensor", "_quantize", "_rounding", "_storage"]
+    "module",
+    ["_bits", "_convert", "_encode", "_layouts", "_qtensor", "_quantize", "_rounding", "_storage"],
 )
 def test_docstring_examples_run(module):
-    result = doctest.testmod(importlib.import_module(f"lowp_torch.{module}"), optionflags=doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(
+        importlib.import_module(f"lowp_torch.{module}"), optionflags=doctest.NORMALIZE_WHITESPACE
+    )
     assert result.failed == 0

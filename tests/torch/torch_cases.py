@@ -38,7 +38,10 @@ def schemes_for_rank(rank: int) -> list:
         out += [lowp.TensorScaling(fmt), lowp.TensorScaling(fmt, pow2=True)]
         out += [lowp.AxisScaling(fmt, axis=-1), lowp.AxisScaling(fmt, axis=0, pow2=True)]
         if rank >= 2:
-            out += [lowp.BlockScaling(fmt, block=(2, 4)), lowp.BlockScaling(fmt, block=(3, 5), pow2=True)]
+            out += [
+                lowp.BlockScaling(fmt, block=(2, 4)),
+                lowp.BlockScaling(fmt, block=(3, 5), pow2=True),
+            ]
         out += [lowp.MXScaling(fmt, block=8, mode=mode) for mode in MX_MODES]
         if fmt != "float4_e2m1fn" and rank >= 2:
             out.append(lowp.MXScaling(fmt, block=2, mode="rceil", axis=0))
@@ -156,7 +159,15 @@ def make_input(case: str, shape, scheme, variant: int = 0) -> np.ndarray:
     if case == "tiny":
         # Float scales' EPS floor (1e-12) from both sides; NVFP4's S_enc overflow.
         eps = F32(1e-12)
-        amaxes = [F32(1e-30), F32(1e-37), F32(2.0**-126), F32(1.5e-38), eps, _next(eps, 0), _next(eps, 1)]
+        amaxes = [
+            F32(1e-30),
+            F32(1e-37),
+            F32(2.0**-126),
+            F32(1.5e-38),
+            eps,
+            _next(eps, 0),
+            _next(eps, 1),
+        ]
         return _per_group(shape, scheme, amaxes, rng, variant)
     raise ValueError(f"unknown edge case {case!r}")
 
@@ -290,11 +301,15 @@ def compare(q, out, ref, x32, scheme, label="") -> list[str]:
     if (mine.global_scale is None) != (ref.global_scale is None):
         problems.append(f"{label}global_scale: got {mine.global_scale}, want {ref.global_scale}")
     elif ref.global_scale is not None:
-        problem = first_difference(f"{label}global_scale", mine.global_scale, ref.global_scale, x32, scheme, "global")
+        problem = first_difference(
+            f"{label}global_scale", mine.global_scale, ref.global_scale, x32, scheme, "global"
+        )
         if problem:
             problems.append(problem)
     if q.hp_dtype != HP_DTYPES[ref.hp_dtype] or q.shape != ref.shape:
-        problems.append(f"{label}metadata: got {q.shape} {q.hp_dtype}, want {ref.shape} {ref.hp_dtype}")
+        problems.append(
+            f"{label}metadata: got {q.shape} {q.hp_dtype}, want {ref.shape} {ref.hp_dtype}"
+        )
     want_out = _reference_dequantized(ref, ref.hp_dtype)
     got_out = _to_numpy(out)
     problem = first_difference(f"{label}dequantize", got_out, want_out, x32, scheme, "elements")
@@ -316,30 +331,57 @@ def extra_checks(q, ref, x32, scheme, label="") -> list[str]:
     for out_dtype, torch_dtype in HP_DTYPES.items():
         got = _to_numpy(lowp_torch.dequantize(q, torch_dtype))
         want = _reference_dequantized(ref, out_dtype)
-        problems.append(first_difference(f"{label}dequantize->{out_dtype}", got, want, x32, scheme, "elements"))
+        problems.append(
+            first_difference(f"{label}dequantize->{out_dtype}", got, want, x32, scheme, "elements")
+        )
     back = lowp_torch.from_lowp(ref, device=q.device)
     problems.append(
         first_difference(
-            f"{label}dequantize(from_lowp(ref))", _to_numpy(back.dequantize()),
-            _reference_dequantized(ref, ref.hp_dtype), x32, scheme, "elements",
+            f"{label}dequantize(from_lowp(ref))",
+            _to_numpy(back.dequantize()),
+            _reference_dequantized(ref, ref.hp_dtype),
+            x32,
+            scheme,
+            "elements",
         )
     )
     again = lowp_torch.to_lowp(back)
     for name in ("codes", "scale"):
-        problems.append(first_difference(f"{label}to_lowp(from_lowp(ref)).{name}", getattr(again, name), getattr(ref, name), x32, scheme, None))
+        problems.append(
+            first_difference(
+                f"{label}to_lowp(from_lowp(ref)).{name}",
+                getattr(again, name),
+                getattr(ref, name),
+                x32,
+                scheme,
+                None,
+            )
+        )
     if _blockable(scheme, q.shape):
         blocked = q.with_scale_layout("cublas_blocked")
         want = ref.with_scale_layout("cublas_blocked")
         got = lowp_torch.to_lowp(blocked)
-        problems.append(first_difference(f"{label}cublas_blocked scale", got.scale, want.scale, x32, scheme, None))
         problems.append(
             first_difference(
-                f"{label}dequantize(cublas_blocked)", _to_numpy(blocked.dequantize()),
-                _reference_dequantized(want, ref.hp_dtype), x32, scheme, "elements",
+                f"{label}cublas_blocked scale", got.scale, want.scale, x32, scheme, None
+            )
+        )
+        problems.append(
+            first_difference(
+                f"{label}dequantize(cublas_blocked)",
+                _to_numpy(blocked.dequantize()),
+                _reference_dequantized(want, ref.hp_dtype),
+                x32,
+                scheme,
+                "elements",
             )
         )
         plain = lowp_torch.to_lowp(blocked.with_scale_layout("plain"))
-        problems.append(first_difference(f"{label}cublas_blocked -> plain", plain.scale, ref.scale, x32, scheme, None))
+        problems.append(
+            first_difference(
+                f"{label}cublas_blocked -> plain", plain.scale, ref.scale, x32, scheme, None
+            )
+        )
     return [p for p in problems if p]
 
 
@@ -349,7 +391,9 @@ def _blockable(scheme, shape) -> bool:
     return scheme.axis % len(shape) == len(shape) - 1
 
 
-def check_case(roundtrip, scheme, x32, hp_dtype, kwargs, device, *, extras=False, label="") -> list[str]:
+def check_case(
+    roundtrip, scheme, x32, hp_dtype, kwargs, device, *, extras=False, label=""
+) -> list[str]:
     """Quantize x32 (as hp_dtype on device) through `roundtrip`, compare with lowp."""
     t = to_torch(x32, hp_dtype, device)
     ref = lowp.quantize(to_reference_input(t), scheme, **kwargs)
