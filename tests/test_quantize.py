@@ -402,3 +402,13 @@ def test_quantize_does_not_mutate_its_input():
     before = x.copy()
     lowp.quantize(x, lowp.MXScaling(), rounding="stochastic", seed=1)
     np.testing.assert_array_equal(x.view(np.uint32), before.view(np.uint32))
+
+
+@pytest.mark.parametrize(
+    "scheme", [lowp.TensorScaling(pow2=True), lowp.MXScaling(block=1, mode="ceil")], ids=str
+)
+def test_inputs_near_flt_max_may_dequantize_to_inf_without_a_warning(scheme):
+    """The scale rounded up past max/amax: value(code) * scale exceeds FLT_MAX (spec §3)."""
+    x = np.array([np.finfo(np.float32).max], np.float32)
+    out = lowp.dequantize(lowp.quantize(x, scheme))  # RuntimeWarnings are errors in this suite
+    assert out[0] == np.inf
