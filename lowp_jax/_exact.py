@@ -111,7 +111,7 @@ def mul_narrow(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
 
     `a` is an element or scale value of a low-precision format (at most 4 significant
     bits), so the product of significands fits 32 bits. Zero, Inf and NaN operands take
-    the hardware product, which is exact for them.
+    the hardware product, which is exact for them; NaN results are 0x7FC00000.
     """
     ba = _bits.ftz_bits(_bits.bits(jnp.asarray(a, jnp.float32)))
     bb = _bits.ftz_bits(_bits.bits(jnp.asarray(b, jnp.float32)))
@@ -123,4 +123,5 @@ def mul_narrow(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
     rounded = _round_pack(sign, product, exp_a + exp_b - (2 * 127 + 7 + 23), jnp.zeros(product.shape, bool))
     special = (abs_a == 0) | (abs_b == 0) | (abs_a >= _bits.INF_BITS) | (abs_b >= _bits.INF_BITS)
     hardware = _bits.ftz_bits(_bits.bits(_bits.from_bits(ba) * _bits.from_bits(bb)))
+    hardware = jnp.where(_bits.is_nan_bits(hardware), _bits.NAN_BITS, hardware)  # x86 gives 0xFFC00000
     return _bits.from_bits(jnp.where(special, hardware, rounded))

@@ -23,7 +23,7 @@ def fake_quantize(x, scheme: lowp.Scheme, *, rounding="nearest", random_bits=Non
     >>> jax.grad(f)(jnp.array([0.3, -2.0])).tolist()
     [1.0, 1.0]
     """
-    random = _quantize._random_for(jax.numpy.shape(x), rounding, random_bits, seed, offset, "input")
+    random = _quantize.random_for(jax.numpy.shape(x), rounding, random_bits, seed, offset, "input")
     return _straight_through(scheme, rounding, x, random)
 
 

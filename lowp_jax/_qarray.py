@@ -16,16 +16,20 @@ import lowp
 from lowp import _qtensor, _schemes
 from lowp_jax import _layouts
 
-# How each format's bytes are stored: e4m3/e5m2 codes as JAX's own float8 dtypes (a
-# bitcast of the code bytes, so XLA's fp8 GEMMs can take them as they are); float6 one
-# code a byte and float4 two a byte, as uint8; e8m0 and e4m3 block scales as JAX's dtypes.
+# How each format's bytes are stored: e4m3/e5m2 codes (and NVFP4's e4m3 block scales)
+# as JAX's own float8 dtypes, a bitcast of the code bytes, so XLA's fp8 GEMMs take them
+# as they are; float6 one code a byte and float4 two a byte, as uint8. MX's e8m0 scales
+# are uint8 too, although jnp.float8_e8m0fnu exists (jax 0.10 and 0.11): e8m0 has no
+# zero, so the zero cotangent JAX builds for such a leaf under `grad` reads NaN
+# (measured, jax 0.10.2), and a uint8 leaf gets float0 instead, JAX's "no gradient";
+# jax.nn.scaled_matmul's e8m0 operand is a free bitcast away.
 _STORAGE = {
     "float8_e4m3fn": jnp.float8_e4m3fn,
     "float8_e5m2": jnp.float8_e5m2,
     "float6_e2m3fn": jnp.uint8,
     "float6_e3m2fn": jnp.uint8,
     "float4_e2m1fn": jnp.uint8,
-    "float8_e8m0fnu": jnp.float8_e8m0fnu,
+    "float8_e8m0fnu": jnp.uint8,
     "float32": jnp.float32,
 }
 
@@ -59,7 +63,7 @@ class QArray:
       codes: the element codes. float8_e4m3fn / float8_e5m2 dtype for those formats,
         uint8 for float6 (one code a byte) and float4 (two a byte along the last axis,
         element 2j in bits 3..0). Shape: `shape`, last dim halved for float4.
-      scale: float32 decode scales (Tensor/Axis/Block scaling), float8_e8m0fnu (MX) or
+      scale: float32 decode scales (Tensor/Axis/Block scaling), uint8 e8m0 bytes (MX) or
         float8_e4m3fn (NVFP4) block scales; plain shape `scheme.scale_shape(shape)`, or
         the padded 2-D matrix of the "cublas_blocked" layout.
       global_scale: NVFP4's float32 per-tensor decode scale (0-d), else None.

@@ -15,6 +15,8 @@ product that XLA on CPU flushes and IEEE rounds up to 2**-126 gives the same sig
 code in every element format.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,7 +35,7 @@ _ONE_SIXTH = np.float32(1) / np.float32(6)  # RN32(1/6), rounded once on the hos
 
 
 def _hp_input(x, name: str) -> tuple[jax.Array, str]:
-    """float32 patterns of an accepted input and its dtype name; TypeError for the rest (§0.1)."""
+    """An accepted input as a JAX array, and its dtype name; TypeError for the rest (§0.1)."""
     if not isinstance(x, (jax.Array, np.ndarray)):
         raise TypeError(f"{name}: lowp_jax.quantize takes a JAX or NumPy array, got {type(x).__name__}")
     if x.dtype == np.float64:
@@ -44,25 +46,26 @@ def _hp_input(x, name: str) -> tuple[jax.Array, str]:
     hp_dtype = _dtypes.dtype_name(x.dtype)
     if hp_dtype is None:
         raise TypeError(f"{name}: input dtype {x.dtype} is not float32, bfloat16 or float16")
-    return _dtypes.to_f32_bits(lax.stop_gradient(jnp.asarray(x))), hp_dtype
+    return lax.stop_gradient(jnp.asarray(x)), hp_dtype
 
 
 def _is_zero_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and int(value) == 0
 
 
-def _random_for(shape, rounding, random_bits, seed, offset, name) -> jax.Array | None:
-    """The uint32 per element that stochastic rounding consumes, or None for nearest."""
+def _rounding_args(shape, rounding, random_bits, seed, offset, name):
+    """Validated (random_bits, seed, offset) for the jitted core: all None for nearest;
+    explicit bits, or the seed and offset as uint32 scalars, for stochastic."""
     if rounding not in _rounding.ROUNDINGS:
         raise ValueError(f"rounding must be one of {_rounding.ROUNDINGS}, got {rounding!r}")
     if rounding == "nearest":
         if random_bits is not None or seed is not None or not _is_zero_int(offset):
             raise ValueError(f"{name}: random_bits, seed and offset apply to rounding='stochastic' only")
-        return None
+        return None, None, None
     if (random_bits is None) == (seed is None):
         raise ValueError(f"{name}: rounding='stochastic' needs exactly one of random_bits or seed")
     if seed is not None:
-        return _jax_rounding.random_bits(seed, shape, offset)
+        return None, _jax_rounding.as_uint32(seed, "seed"), _jax_rounding.as_uint32(offset, "offset")
     if not _is_zero_int(offset):
         raise ValueError(f"{name}: offset goes with seed, not with explicit random_bits")
     if not isinstance(random_bits, (jax.Array, np.ndarray)) or random_bits.dtype != np.uint32:
@@ -72,30 +75,41 @@ def _random_for(shape, rounding, random_bits, seed, offset, name) -> jax.Array |
             f"{name}: random_bits has shape {tuple(random_bits.shape)}, the input {tuple(shape)}; "
             "one per element"
         )
-    return jnp.asarray(random_bits)
+    return jnp.asarray(random_bits), None, None
 
 
-def _check_finite(absb: jax.Array, name: str) -> None:
+def random_for(shape, rounding, random_bits, seed, offset, name) -> jax.Array | None:
+    """The uint32 per element that stochastic rounding consumes, or None for nearest."""
+    random, seed, offset = _rounding_args(shape, rounding, random_bits, seed, offset, name)
+    return random if seed is None else _jax_rounding.random_bits(seed, shape, offset)
+
+
+@jax.jit
+def _non_finite(x):
+    """(count, flat index of the first) of the NaN/Inf elements of x."""
+    bad = (_dtypes.to_f32_bits(x) & _bits.ABS) >= _bits.INF_BITS
+    return jnp.sum(bad, dtype=jnp.int32), jnp.argmax(bad.reshape(-1))
+
+
+def _check_finite(x: jax.Array, name: str) -> None:
     """FloatingPointError naming the tensor (eager), or a checkify check (traced)."""
-    if absb.size == 0:
+    if x.size == 0:
         return
-    bad = absb >= _bits.INF_BITS
-    first = jnp.unravel_index(jnp.argmax(bad.reshape(-1)), absb.shape)
-    count = jnp.sum(bad, dtype=jnp.int32)
-    if isinstance(bad, jax.core.Tracer):
-        parts = ", ".join(f"{{i{k}}}" for k in range(absb.ndim))
-        index = f"({parts},)" if absb.ndim == 1 else f"({parts})"  # as Python prints tuples
+    count, first = _non_finite(x)
+    if isinstance(x, jax.core.Tracer):
+        parts = ", ".join(f"{{i{k}}}" for k in range(x.ndim))
+        index = f"({parts},)" if x.ndim == 1 else f"({parts})"  # as Python prints tuples
         checkify.check(
             count == 0,
             f"{name}: {{count}} non-finite element(s), the first at index {index}; "
             "check_finite=True refuses to quantize",
             count=count,
-            **{f"i{k}": i for k, i in enumerate(first)},
+            **{f"i{k}": i for k, i in enumerate(jnp.unravel_index(first, x.shape))},
         )
         return
     if int(count):
-        index = tuple(int(i) for i in first)
-        value = np.asarray(_bits.from_bits(absb[index]))
+        index = tuple(int(i) for i in np.unravel_index(int(first), x.shape))
+        value = abs(float(np.asarray(x).reshape(-1)[int(first)]))
         raise FloatingPointError(
             f"{name}: {int(count)} non-finite element(s), the first at index {index} "
             f"(|x| = {value}); check_finite=True refuses to quantize"
@@ -179,15 +193,26 @@ def quantize(
     ([56, 192, 126], 1.0)
     """
     _schemes.check_scheme(scheme)
-    xb, hp_dtype = _hp_input(x, name)
-    shape = tuple(xb.shape)
-    scheme.check_shape(shape)
-    random = _random_for(shape, rounding, random_bits, seed, offset, name)
-    xb = _bits.ftz_bits(xb)
+    x, _ = _hp_input(x, name)
+    scheme.check_shape(tuple(x.shape))
+    random, seed, offset = _rounding_args(x.shape, rounding, random_bits, seed, offset, name)
+    if check_finite:
+        _check_finite(x, name)
+    return _quantize(x, random, seed, offset, scheme=scheme)
+
+
+# Jitted inside, so that eager calls run as one compiled computation (cached per scheme,
+# shape and dtype) instead of op by op; under an outer jit it is inlined.
+@functools.partial(jax.jit, static_argnames=("scheme",))
+def _quantize(x, random, seed, offset, *, scheme) -> _qarray.QArray:
+    """The arithmetic of `quantize` on a validated input."""
+    hp_dtype = _dtypes.dtype_name(x.dtype)
+    shape = tuple(x.shape)
+    if seed is not None:
+        random = _jax_rounding.random_bits(seed, shape, offset)
+    xb = _bits.ftz_bits(_dtypes.to_f32_bits(x))
     xf = _bits.from_bits(xb)
     absb = xb & _bits.ABS
-    if check_finite:
-        _check_finite(absb, name)
     fmt = _formats.element_format(scheme.fmt)
     amax_bits = _groups.group_max(absb, scheme)
     poisoned = amax_bits >= _bits.INF_BITS
@@ -288,7 +313,12 @@ def dequantize(q: _qarray.QArray, out_dtype=None) -> jax.Array:
     """
     if not isinstance(q, _qarray.QArray):
         raise TypeError(f"dequantize takes a lowp_jax.QArray, got {type(q).__name__}")
-    out_dtype = _out_dtype_name(out_dtype, q.hp_dtype)
+    return _dequantize(q, out_dtype=_out_dtype_name(out_dtype, q.hp_dtype))
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype",))
+def _dequantize(q: _qarray.QArray, *, out_dtype: str) -> jax.Array:
+    """The arithmetic of `dequantize`."""
     q = q.with_scale_layout("plain")
     scheme, shape = q.scheme, q.shape
     fmt = _formats.element_format(scheme.fmt)

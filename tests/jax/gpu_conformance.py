@@ -1,0 +1,197 @@
+"""lowp_jax against lowp, byte for byte, on whatever device jax picks (the GPU there).
+
+    PYTHONPATH=. python tests/jax/gpu_conformance.py --out DIR [--quick]
+
+Runs, on jax's default device:
+  1. the CPU suite's grid (tests/jax/test_conformance.py): every scheme x format x rank
+     1-4 on the spec §6 edge cases, bfloat16/float16 inputs, stochastic rounding;
+  2. 1M random float32 inputs per scheme (default block sizes) with magnitudes over the
+     whole float32 range, many groups each, so the scale divisions see every exponent;
+     plus stochastic rounding on a few of them;
+  3. the exact divide `div_rn` on 1M pairs (random, subnormal/overflow boundaries) and the
+     narrow multiply on products at the flush boundary, against NumPy; for comparison, the
+     count of JAX's own `/` results that differ from IEEE on this device.
+Writes DIR/jax_gpu_conformance.json and exits 1 on any mismatch of lowp_jax (the native
+`/` count is informational). --quick runs a slice of each part.
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax_cases as C  # noqa: E402
+import lowp  # noqa: E402
+import lowp_jax  # noqa: E402
+from lowp_jax import _exact  # noqa: E402
+
+RANDOM_SHAPE = (8192, 128)  # 1M elements; 8192 rows of 128
+
+
+def grid(quick: bool):
+    """(label, shape, scheme, hp_dtype, run_case kwargs) as in test_conformance.py."""
+    out = []
+    for rank in (1, 2, 3, 4):
+        for s in C.schemes_for_rank(rank)[:: 7 if quick else 1]:
+            out.append(("float32 nearest", C.SHAPES[rank], s, "float32", dict(every_out_dtype=rank == 2)))
+    for s in C.schemes_for_rank(2)[0::2][:: 5 if quick else 1]:
+        out.append(("bfloat16 nearest", C.SHAPES[2], s, "bfloat16", {}))
+    for s in C.schemes_for_rank(3)[1::2][:: 5 if quick else 1]:
+        out.append(("float16 nearest", C.SHAPES[3], s, "float16", {}))
+    stochastic = C.schemes_for_rank(4)[0::2] + [lowp.NVFP4Scaling(block=8)]
+    for s in stochastic[:: 5 if quick else 1]:
+        kwargs = dict(rounding="stochastic", seed=C.SEED, offset=C.OFFSET)
+        out.append(("stochastic seed", C.SHAPES[4], s, "float32", kwargs))
+    for s in [lowp.MXScaling(f, mode=m) for f in C.ELEMENTS for m in ("floor", "rceil")][:: 5 if quick else 1]:
+        out.append(("default blocks", (4, 256), s, "float32", {}))
+    return out
+
+
+def random_schemes():
+    """Default block sizes: the shapes a model would use."""
+    out = []
+    for fmt in C.ELEMENTS:
+        out += [lowp.TensorScaling(fmt), lowp.TensorScaling(fmt, pow2=True), lowp.AxisScaling(fmt)]
+        out += [lowp.AxisScaling(fmt, axis=0, pow2=True), lowp.BlockScaling(fmt, block=(1, 128))]
+        out += [lowp.BlockScaling(fmt, block=(128, 128))]
+        out += [lowp.MXScaling(fmt, mode=m) for m in ("floor", "ceil", "rceil")]
+    return out + [lowp.NVFP4Scaling(), lowp.NVFP4Scaling(global_scale=False)]
+
+
+def random_input(rng, shape=RANDOM_SHAPE) -> np.ndarray:
+    """Random signs and mantissas; per-row magnitudes 2**[-126, 100) and per-element spread
+    2**[-24, 24), so group amaxes (and the divisions of their scales) span the float32
+    range; a few rows hold a NaN or an Inf (poisoned groups)."""
+    rows = shape[0]
+    row_exp = rng.integers(-126, 100, size=(rows, 1))
+    x = rng.uniform(1, 2, shape) * np.exp2(row_exp + rng.integers(-24, 24, size=shape))
+    x *= rng.choice([-1.0, 1.0], size=shape)
+    x = x.astype(np.float32)  # values past FLT_MAX become Inf: poisoned groups, fine
+    bad_rows = rng.choice(rows, size=8, replace=False)
+    x[bad_rows, rng.integers(0, shape[1], 8)] = [np.nan, np.inf, -np.inf, np.nan] * 2
+    return x
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="directory for jax_gpu_conformance.json")
+    parser.add_argument("--quick", action="store_true", help="a slice of each part")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    np.seterr(all="ignore")
+    start = time.time()
+    device = jax.devices()[0]
+    report = {
+        "jax": jax.__version__,
+        "jaxlib": getattr(jax.lib, "__version__", None) or __import__("jaxlib").__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "backend": jax.default_backend(),
+        "device": str(device),
+        "device_kind": getattr(device, "device_kind", "?"),
+        "all_devices": [str(d) for d in jax.devices()],
+        "x64": bool(jax.config.jax_enable_x64),
+        "quick": args.quick,
+    }
+    failures = []
+    print(f"lowp_jax conformance on {report['device_kind']} ({report['backend']}), jax {report['jax']}", flush=True)
+
+    # 1. the edge-case grid
+    cases = 0
+    t = time.time()
+    plan = grid(args.quick)
+    for n, (label, shape, scheme, hp_dtype, kwargs) in enumerate(plan):
+        for name, x in C.edge_cases(shape, scheme, hp_dtype):
+            errors = C.run_case(x, scheme, device=device, **kwargs)
+            cases += 1
+            if errors:
+                failures.append(f"[{label}] " + C.describe(name, scheme, hp_dtype, errors))
+        if n % 50 == 0:
+            print(f"  grid {n}/{len(plan)} configurations, {len(failures)} failing cases", flush=True)
+    report["grid"] = {"configurations": len(plan), "cases": cases, "seconds": round(time.time() - t, 1)}
+
+    # 2. one million random inputs per scheme
+    t = time.time()
+    rng = np.random.default_rng(2024)
+    random_results = []
+    schemes = random_schemes()[:: 6 if args.quick else 1]
+    for scheme in schemes:
+        x = random_input(rng)
+        errors = C.run_case(x, scheme, device=device)
+        random_results.append({"scheme": C.scheme_id(scheme), "elements": x.size, "differences": errors})
+        if errors:
+            failures.append("[1M random] " + C.describe("random magnitudes", scheme, "float32", errors))
+    for scheme in [lowp.AxisScaling("float8_e5m2"), lowp.MXScaling("float6_e2m3fn", mode="rceil"), lowp.NVFP4Scaling()]:
+        x = random_input(rng)
+        errors = C.run_case(x, scheme, rounding="stochastic", seed=C.SEED, offset=C.OFFSET, device=device)
+        random_results.append({"scheme": C.scheme_id(scheme) + " stochastic", "elements": x.size, "differences": errors})
+        if errors:
+            failures.append("[1M random stochastic] " + C.describe("random magnitudes", scheme, "float32", errors))
+    # Many small groups: 262144 rows of 4, each with its own pair of scale divisions.
+    x = random_input(rng, (262144, 4))
+    errors = C.run_case(x, lowp.AxisScaling(), device=device)
+    random_results.append({"scheme": "AxisScaling on (262144, 4)", "elements": x.size, "differences": errors})
+    if errors:
+        failures.append("[1M random, 262144 groups] " + C.describe("random magnitudes", lowp.AxisScaling(), "float32", errors))
+    report["random_1M"] = {"results": random_results, "seconds": round(time.time() - t, 1)}
+    print(f"  1M random inputs: {len(random_results)} runs, {len(failures)} failing in total", flush=True)
+
+    # 3. the exact divide and the narrow multiply, and the native `/` for comparison
+    t = time.time()
+    a, b = C.divide_pairs(np.random.default_rng(7), 1_000_000)
+    a_dev, b_dev = jax.device_put((a, b), device)
+    want = C.reference_divide(a, b)
+    div_rn_diff = C.count_bit_differences(jax.jit(_exact.div_rn)(a_dev, b_dev), want)
+    native = jax.jit(lambda a, b: a / b)(a_dev, b_dev)
+    finite_normal = np.isfinite(want) & (want != 0)  # where the native result should equal IEEE
+    native_diff = C.count_bit_differences(C.ftz(np.asarray(native))[finite_normal], want[finite_normal])
+    values = np.concatenate([lowp.FORMATS[f].values() for f in lowp.ELEMENT_FORMATS])
+    m_rng = np.random.default_rng(8)
+    ma = m_rng.choice(values[np.isfinite(values)], 1_000_000).astype(np.float32)
+    with np.errstate(all="ignore"):
+        target = (np.float64(2.0**-126) / np.where(ma != 0, np.abs(ma), 1)).astype(np.float32)
+    mb = (target.view(np.uint32).astype(np.int64) + m_rng.integers(-3, 4, ma.size)).clip(0, 0x7F7FFFFF)
+    mb = mb.astype(np.uint32).view(np.float32)
+    mul_got = jax.jit(_exact.mul_narrow)(*jax.device_put((ma, mb), device))
+    with np.errstate(all="ignore"):
+        mul_want = C.ftz(np.multiply(C.ftz(ma), C.ftz(mb), dtype=np.float32))
+    mul_diff = C.count_bit_differences(mul_got, mul_want)
+    report["exact_arithmetic"] = {
+        "div_rn_pairs": int(a.size),
+        "div_rn_differences": div_rn_diff,
+        "native_div_compared": int(finite_normal.sum()),
+        "native_div_differences_informational": native_diff,
+        "mul_narrow_products_at_flush_boundary": int(ma.size),
+        "mul_narrow_differences": mul_diff,
+        "seconds": round(time.time() - t, 1),
+    }
+    if div_rn_diff:
+        failures.append(f"[div_rn] {div_rn_diff} of {a.size} quotients differ from IEEE")
+    if mul_diff:
+        failures.append(f"[mul_narrow] {mul_diff} of {ma.size} products differ from IEEE")
+    print(f"  div_rn: {div_rn_diff} differences; native '/': {native_diff} of {int(finite_normal.sum())}", flush=True)
+
+    report["failures"] = failures[:100]
+    report["failure_count"] = len(failures)
+    report["passed"] = not failures
+    report["seconds"] = round(time.time() - start, 1)
+    path = os.path.join(args.out, "jax_gpu_conformance.json")
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"{'PASS' if not failures else 'FAIL'}: {cases} edge cases, {len(random_results)} x 1M random, "
+          f"{len(failures)} failures, {report['seconds']} s -> {path}")
+    for line in failures[:10]:
+        print(line)
+    return 0 if not failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
