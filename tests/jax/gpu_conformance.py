@@ -3,16 +3,17 @@
     PYTHONPATH=. python tests/jax/gpu_conformance.py --out DIR [--quick]
 
 Runs, on jax's default device:
-  1. the CPU suite's grid (tests/jax/test_conformance.py): every scheme x format x rank
-     1-4 on the spec §6 edge cases, bfloat16/float16 inputs, stochastic rounding;
+  1. the exact divide `div_rn` on 1M pairs (random, subnormal/overflow boundaries) and the
+     narrow multiply on products at the flush boundary, against NumPy; for comparison, the
+     count of JAX's own `/` results that differ from IEEE on this device;
   2. 1M random float32 inputs per scheme (default block sizes) with magnitudes over the
      whole float32 range, many groups each, so the scale divisions see every exponent;
      plus stochastic rounding on a few of them;
-  3. the exact divide `div_rn` on 1M pairs (random, subnormal/overflow boundaries) and the
-     narrow multiply on products at the flush boundary, against NumPy; for comparison, the
-     count of JAX's own `/` results that differ from IEEE on this device.
-Writes DIR/jax_gpu_conformance.json and exits 1 on any mismatch of lowp_jax (the native
-`/` count is informational). --quick runs a slice of each part.
+  3. the CPU suite's grid (tests/jax/test_conformance.py): every scheme x format x rank
+     1-4 on the spec §6 edge cases, bfloat16/float16 inputs, stochastic rounding.
+Writes DIR/jax_gpu_conformance.json (after each part, so a run cut short still reports)
+and exits 1 on any mismatch of lowp_jax, or when a --time-limit cut the grid short (the
+native `/` count is informational). --quick runs a slice of each part.
 """
 
 import argparse
@@ -81,13 +82,29 @@ def random_input(rng, shape=RANDOM_SHAPE) -> np.ndarray:
 
 
 def main(argv=None) -> int:
+    start = time.time()
+
+    def write(report, failures) -> str:
+        """(Re)write the JSON: after each part, so a run cut short still reports."""
+        report["failures"] = failures[:100]
+        report["failure_count"] = len(failures)
+        report["passed"] = not failures and report.get("complete", False)
+        report["seconds"] = round(time.time() - start, 1)
+        path = os.path.join(args.out, "jax_gpu_conformance.json")
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+        return path
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="directory for jax_gpu_conformance.json")
     parser.add_argument("--quick", action="store_true", help="a slice of each part")
+    parser.add_argument(
+        "--time-limit", type=float, default=0,
+        help="seconds after which the edge-case grid stops early (reported as truncated)",
+    )
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     np.seterr(all="ignore")
-    start = time.time()
     device = jax.devices()[0]
     report = {
         "jax": jax.__version__,
@@ -104,47 +121,7 @@ def main(argv=None) -> int:
     failures = []
     print(f"lowp_jax conformance on {report['device_kind']} ({report['backend']}), jax {report['jax']}", flush=True)
 
-    # 1. the edge-case grid
-    cases = 0
-    t = time.time()
-    plan = grid(args.quick)
-    for n, (label, shape, scheme, hp_dtype, kwargs) in enumerate(plan):
-        for name, x in C.edge_cases(shape, scheme, hp_dtype):
-            errors = C.run_case(x, scheme, device=device, **kwargs)
-            cases += 1
-            if errors:
-                failures.append(f"[{label}] " + C.describe(name, scheme, hp_dtype, errors))
-        if n % 50 == 0:
-            print(f"  grid {n}/{len(plan)} configurations, {len(failures)} failing cases", flush=True)
-    report["grid"] = {"configurations": len(plan), "cases": cases, "seconds": round(time.time() - t, 1)}
-
-    # 2. one million random inputs per scheme
-    t = time.time()
-    rng = np.random.default_rng(2024)
-    random_results = []
-    schemes = random_schemes()[:: 6 if args.quick else 1]
-    for scheme in schemes:
-        x = random_input(rng)
-        errors = C.run_case(x, scheme, device=device)
-        random_results.append({"scheme": C.scheme_id(scheme), "elements": x.size, "differences": errors})
-        if errors:
-            failures.append("[1M random] " + C.describe("random magnitudes", scheme, "float32", errors))
-    for scheme in [lowp.AxisScaling("float8_e5m2"), lowp.MXScaling("float6_e2m3fn", mode="rceil"), lowp.NVFP4Scaling()]:
-        x = random_input(rng)
-        errors = C.run_case(x, scheme, rounding="stochastic", seed=C.SEED, offset=C.OFFSET, device=device)
-        random_results.append({"scheme": C.scheme_id(scheme) + " stochastic", "elements": x.size, "differences": errors})
-        if errors:
-            failures.append("[1M random stochastic] " + C.describe("random magnitudes", scheme, "float32", errors))
-    # Many small groups: 262144 rows of 4, each with its own pair of scale divisions.
-    x = random_input(rng, (262144, 4))
-    errors = C.run_case(x, lowp.AxisScaling(), device=device)
-    random_results.append({"scheme": "AxisScaling on (262144, 4)", "elements": x.size, "differences": errors})
-    if errors:
-        failures.append("[1M random, 262144 groups] " + C.describe("random magnitudes", lowp.AxisScaling(), "float32", errors))
-    report["random_1M"] = {"results": random_results, "seconds": round(time.time() - t, 1)}
-    print(f"  1M random inputs: {len(random_results)} runs, {len(failures)} failing in total", flush=True)
-
-    # 3. the exact divide and the narrow multiply, and the native `/` for comparison
+    # 1. the exact divide and the narrow multiply, and the native `/` for comparison
     t = time.time()
     a, b = C.divide_pairs(np.random.default_rng(7), 1_000_000)
     a_dev, b_dev = jax.device_put((a, b), device)
@@ -178,19 +155,69 @@ def main(argv=None) -> int:
     if mul_diff:
         failures.append(f"[mul_narrow] {mul_diff} of {ma.size} products differ from IEEE")
     print(f"  div_rn: {div_rn_diff} differences; native '/': {native_diff} of {int(finite_normal.sum())}", flush=True)
+    write(report, failures)
 
-    report["failures"] = failures[:100]
-    report["failure_count"] = len(failures)
-    report["passed"] = not failures
-    report["seconds"] = round(time.time() - start, 1)
-    path = os.path.join(args.out, "jax_gpu_conformance.json")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"{'PASS' if not failures else 'FAIL'}: {cases} edge cases, {len(random_results)} x 1M random, "
+    # 2. one million random inputs per scheme
+    t = time.time()
+    rng = np.random.default_rng(2024)
+    random_results = []
+    schemes = random_schemes()[:: 6 if args.quick else 1]
+    for scheme in schemes:
+        x = random_input(rng)
+        errors = C.run_case(x, scheme, device=device)
+        random_results.append({"scheme": C.scheme_id(scheme), "elements": x.size, "differences": errors})
+        if errors:
+            failures.append("[1M random] " + C.describe("random magnitudes", scheme, "float32", errors))
+    for scheme in [lowp.AxisScaling("float8_e5m2"), lowp.MXScaling("float6_e2m3fn", mode="rceil"), lowp.NVFP4Scaling()]:
+        x = random_input(rng)
+        errors = C.run_case(x, scheme, rounding="stochastic", seed=C.SEED, offset=C.OFFSET, device=device)
+        random_results.append({"scheme": C.scheme_id(scheme) + " stochastic", "elements": x.size, "differences": errors})
+        if errors:
+            failures.append("[1M random stochastic] " + C.describe("random magnitudes", scheme, "float32", errors))
+    # Many small groups: 262144 rows of 4, each with its own pair of scale divisions.
+    x = random_input(rng, (262144, 4))
+    errors = C.run_case(x, lowp.AxisScaling(), device=device)
+    random_results.append({"scheme": "AxisScaling on (262144, 4)", "elements": x.size, "differences": errors})
+    if errors:
+        failures.append("[1M random, 262144 groups] " + C.describe("random magnitudes", lowp.AxisScaling(), "float32", errors))
+    report["random_1M"] = {"results": random_results, "seconds": round(time.time() - t, 1)}
+    write(report, failures)
+    print(f"  1M random inputs: {len(random_results)} runs, {len(failures)} failing in total", flush=True)
+
+    # 3. the edge-case grid, last: it is the longest (one compilation per configuration)
+    cases = 0
+    t = time.time()
+    plan = grid(args.quick)
+    done = 0
+    for n, (label, shape, scheme, hp_dtype, kwargs) in enumerate(plan):
+        if args.time_limit and time.time() - start > args.time_limit:
+            print(f"  time limit: stopping the grid after {n} of {len(plan)} configurations", flush=True)
+            break
+        done = n + 1
+        for name, x in C.edge_cases(shape, scheme, hp_dtype):
+            errors = C.run_case(x, scheme, device=device, **kwargs)
+            cases += 1
+            if errors:
+                failures.append(f"[{label}] " + C.describe(name, scheme, hp_dtype, errors))
+        if n % 50 == 0:
+            print(f"  grid {n}/{len(plan)} configurations, {len(failures)} failing cases", flush=True)
+    report["grid"] = {
+        "configurations": len(plan),
+        "configurations_run": done,
+        "truncated_by_time_limit": done < len(plan),
+        "cases": cases,
+        "seconds": round(time.time() - t, 1),
+    }
+    write(report, failures)
+
+    report["complete"] = True
+    path = write(report, failures)
+    status = "FAIL" if failures else "INCOMPLETE (time limit)" if report["grid"]["truncated_by_time_limit"] else "PASS"
+    print(f"{status}: {cases} edge cases, {len(random_results)} x 1M random, "
           f"{len(failures)} failures, {report['seconds']} s -> {path}")
     for line in failures[:10]:
         print(line)
-    return 0 if not failures else 1
+    return 0 if report["passed"] and not report["grid"]["truncated_by_time_limit"] else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Real models written with flax nnx, loaded from checkpoints the core reads."""
