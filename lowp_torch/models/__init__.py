@@ -1,0 +1,1 @@
+"""Real models written with torch.nn, loaded from checkpoints the core reads."""
