@@ -16,7 +16,7 @@ _F16_OVERFLOW = _bits.f32_pattern(65520.0)  # half an ulp above 65504: rounds to
 
 
 def dtype_name(dtype) -> str | None:
-    """"float32", "bfloat16" or "float16" for those dtypes, else None."""
+    """ "float32", "bfloat16" or "float16" for those dtypes, else None."""
     name = np.dtype(dtype).name
     return name if name in HP_DTYPES else None
 

@@ -120,8 +120,12 @@ def mul_narrow(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
     abs_a, exp_a, ma = _unpack(ba)
     abs_b, exp_b, mb = _unpack(bb)
     product = (ma >> 16) * mb  # < 2**8 * 2**24
-    rounded = _round_pack(sign, product, exp_a + exp_b - (2 * 127 + 7 + 23), jnp.zeros(product.shape, bool))
+    rounded = _round_pack(
+        sign, product, exp_a + exp_b - (2 * 127 + 7 + 23), jnp.zeros(product.shape, bool)
+    )
     special = (abs_a == 0) | (abs_b == 0) | (abs_a >= _bits.INF_BITS) | (abs_b >= _bits.INF_BITS)
     hardware = _bits.ftz_bits(_bits.bits(_bits.from_bits(ba) * _bits.from_bits(bb)))
-    hardware = jnp.where(_bits.is_nan_bits(hardware), _bits.NAN_BITS, hardware)  # x86 gives 0xFFC00000
+    hardware = jnp.where(
+        _bits.is_nan_bits(hardware), _bits.NAN_BITS, hardware
+    )  # x86 gives 0xFFC00000
     return _bits.from_bits(jnp.where(special, hardware, rounded))

@@ -9,7 +9,9 @@ import lowp
 from lowp_jax import _quantize
 
 
-def fake_quantize(x, scheme: lowp.Scheme, *, rounding="nearest", random_bits=None, seed=None, offset=0):
+def fake_quantize(
+    x, scheme: lowp.Scheme, *, rounding="nearest", random_bits=None, seed=None, offset=0
+):
     """`dequantize(quantize(x, scheme, ...))`, bit for bit, with an identity gradient.
 
     `quantize` alone passes no gradient (it is piecewise constant). Quantization-aware
@@ -31,7 +33,9 @@ def fake_quantize(x, scheme: lowp.Scheme, *, rounding="nearest", random_bits=Non
 def _straight_through(scheme, rounding, x, random):
     if random is None:
         return _quantize.dequantize(_quantize.quantize(x, scheme))
-    return _quantize.dequantize(_quantize.quantize(x, scheme, rounding=rounding, random_bits=random))
+    return _quantize.dequantize(
+        _quantize.quantize(x, scheme, rounding=rounding, random_bits=random)
+    )
 
 
 @_straight_through.defjvp

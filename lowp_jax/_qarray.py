@@ -104,11 +104,20 @@ class QArray:
         if not isinstance(self.shape, tuple) or not all(
             isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in self.shape
         ):
-            raise ValueError(f"QArray.shape must be a tuple of non-negative ints, got {self.shape!r}")
+            raise ValueError(
+                f"QArray.shape must be a tuple of non-negative ints, got {self.shape!r}"
+            )
         self.scheme.check_shape(self.shape)
         if self.hp_dtype not in _qtensor.HP_DTYPES:
-            raise ValueError(f"QArray.hp_dtype must be one of {_qtensor.HP_DTYPES}, got {self.hp_dtype!r}")
-        _expect("codes", self.codes, _STORAGE[self.scheme.fmt], _qtensor.codes_shape(self.scheme, self.shape))
+            raise ValueError(
+                f"QArray.hp_dtype must be one of {_qtensor.HP_DTYPES}, got {self.hp_dtype!r}"
+            )
+        _expect(
+            "codes",
+            self.codes,
+            _STORAGE[self.scheme.fmt],
+            _qtensor.codes_shape(self.scheme, self.shape),
+        )
         scale_shape = _qtensor.stored_scale_shape(self.scheme, self.shape, self.scale_layout)
         _expect("scale", self.scale, _STORAGE[_schemes.scale_format(self.scheme)], scale_shape)
         if isinstance(self.scheme, lowp.NVFP4Scaling) and self.scheme.global_scale:
@@ -164,7 +173,9 @@ class QArray:
         if layout == "cublas_blocked":
             scale = _layouts.to_cublas_blocked(scale.reshape(rows, cols))
         else:
-            scale = _layouts.from_cublas_blocked(scale, rows, cols).reshape(self.scheme.scale_shape(self.shape))
+            scale = _layouts.from_cublas_blocked(scale, rows, cols).reshape(
+                self.scheme.scale_shape(self.shape)
+            )
         scale = store(scale, _schemes.scale_format(self.scheme))
         return dataclasses.replace(self, scale=scale, scale_layout=layout)
 
@@ -221,4 +232,3 @@ def from_lowp(qt: lowp.QTensor) -> QArray:
         hp_dtype=qt.hp_dtype,
         scale_layout=qt.scale_layout,
     )
-

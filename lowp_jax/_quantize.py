@@ -37,7 +37,9 @@ _ONE_SIXTH = np.float32(1) / np.float32(6)  # RN32(1/6), rounded once on the hos
 def _hp_input(x, name: str) -> tuple[jax.Array, str]:
     """An accepted input as a JAX array, and its dtype name; TypeError for the rest (§0.1)."""
     if not isinstance(x, (jax.Array, np.ndarray)):
-        raise TypeError(f"{name}: lowp_jax.quantize takes a JAX or NumPy array, got {type(x).__name__}")
+        raise TypeError(
+            f"{name}: lowp_jax.quantize takes a JAX or NumPy array, got {type(x).__name__}"
+        )
     if x.dtype == np.float64:
         raise TypeError(
             f"{name}: float64 input is refused (float64 -> float32 -> float8 rounds twice); "
@@ -60,12 +62,18 @@ def _rounding_args(shape, rounding, random_bits, seed, offset, name):
         raise ValueError(f"rounding must be one of {_rounding.ROUNDINGS}, got {rounding!r}")
     if rounding == "nearest":
         if random_bits is not None or seed is not None or not _is_zero_int(offset):
-            raise ValueError(f"{name}: random_bits, seed and offset apply to rounding='stochastic' only")
+            raise ValueError(
+                f"{name}: random_bits, seed and offset apply to rounding='stochastic' only"
+            )
         return None, None, None
     if (random_bits is None) == (seed is None):
         raise ValueError(f"{name}: rounding='stochastic' needs exactly one of random_bits or seed")
     if seed is not None:
-        return None, _jax_rounding.as_uint32(seed, "seed"), _jax_rounding.as_uint32(offset, "offset")
+        return (
+            None,
+            _jax_rounding.as_uint32(seed, "seed"),
+            _jax_rounding.as_uint32(offset, "offset"),
+        )
     if not _is_zero_int(offset):
         raise ValueError(f"{name}: offset goes with seed, not with explicit random_bits")
     if not isinstance(random_bits, (jax.Array, np.ndarray)) or random_bits.dtype != np.uint32:
@@ -233,7 +241,9 @@ def _quantize(x, random, seed, offset, *, scheme) -> _qarray.QArray:
         codes = _encode_elements(v, fmt, random, poisoned_elements)
         scale = _qarray.store(s.astype(jnp.uint8), "float8_e8m0fnu")
     elif isinstance(scheme, lowp.NVFP4Scaling):
-        codes, scale, global_scale = _quantize_nvfp4(xf, absb, scheme, random, amax_bits_finite, poisoned)
+        codes, scale, global_scale = _quantize_nvfp4(
+            xf, absb, scheme, random, amax_bits_finite, poisoned
+        )
     else:
         raise TypeError(f"not a lowp scheme: {scheme!r}")
 
@@ -279,7 +289,9 @@ def _quantize_nvfp4(xf, absb, scheme, random, block_amax_bits, block_poisoned):
     v = xf * _groups.expand(_bits.from_bits(inv), scheme, xf.shape)  # may overflow: clamped below
     poisoned_elements = _groups.expand(block_poisoned, scheme, xf.shape)
     codes = _encode_elements(_bits.bits(v), _E2M1, random, poisoned_elements)
-    scale = _qarray.store(jnp.where(block_poisoned, np.uint8(_E4M3.nan_codes[0]), sb), "float8_e4m3fn")
+    scale = _qarray.store(
+        jnp.where(block_poisoned, np.uint8(_E4M3.nan_codes[0]), sb), "float8_e4m3fn"
+    )
     global_scale = None
     if scheme.global_scale:
         global_scale = jnp.where(tensor_poisoned, _bits.from_bits(_bits.NAN_BITS), s_dec)
@@ -296,7 +308,9 @@ def _out_dtype_name(out_dtype, hp_dtype: str) -> str:
         except TypeError:
             name = repr(out_dtype)
     if name not in _dtypes.HP_DTYPES:
-        raise ValueError(f"out_dtype must be one of {tuple(_dtypes.HP_DTYPES)} or None, got {out_dtype!r}")
+        raise ValueError(
+            f"out_dtype must be one of {tuple(_dtypes.HP_DTYPES)} or None, got {out_dtype!r}"
+        )
     return name
 
 
@@ -335,7 +349,9 @@ def _dequantize(q: _qarray.QArray, *, out_dtype: str) -> jax.Array:
         s = _qarray.code_bytes(scale).astype(jnp.int32)
         poisoned = s == 0xFF
         exponent = jnp.where(poisoned, 127, s) - 127
-        out = _bits.mul_pow2(values, _groups.expand(exponent, scheme, shape))  # exact unless flushed
+        out = _bits.mul_pow2(
+            values, _groups.expand(exponent, scheme, shape)
+        )  # exact unless flushed
     elif isinstance(scheme, lowp.NVFP4Scaling):
         sb = _qarray.code_bytes(scale)
         s_dec = jnp.float32(1) if q.global_scale is None else lax.stop_gradient(q.global_scale)
@@ -349,7 +365,10 @@ def _dequantize(q: _qarray.QArray, *, out_dtype: str) -> jax.Array:
     poisoned = _groups.expand(poisoned, scheme, shape) | _bits.is_nan_bits(out_bits)
     result = _dtypes.from_f32_bits(out_bits, out_dtype)
     nan = lax.bitcast_convert_type(
-        np.array(_dtypes.CANONICAL_NAN_BITS[out_dtype], np.uint32 if out_dtype == "float32" else np.uint16),
+        np.array(
+            _dtypes.CANONICAL_NAN_BITS[out_dtype],
+            np.uint32 if out_dtype == "float32" else np.uint16,
+        ),
         _dtypes.HP_DTYPES[out_dtype],
     )
     return jnp.where(poisoned, nan, result)

@@ -26,7 +26,9 @@ def as_uint32(value, field: str) -> jnp.ndarray:
         return np.uint32(int(value) & _MASK32)
     dtype = getattr(value, "dtype", None)
     if dtype is None or not jnp.issubdtype(dtype, jnp.integer) or jnp.ndim(value) != 0:
-        raise TypeError(f"random_bits: {field} must be an int or an integer scalar array, got {value!r}")
+        raise TypeError(
+            f"random_bits: {field} must be an int or an integer scalar array, got {value!r}"
+        )
     return jnp.asarray(value).astype(jnp.uint32)  # int32 -1 wraps to 2**32 - 1, as mod 2**32
 
 

@@ -24,15 +24,14 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import jax_cases as C  # noqa: E402
-import lowp  # noqa: E402
-import lowp_jax  # noqa: E402
-from lowp_jax import _exact  # noqa: E402
+import jax_cases as C
+
+import lowp
+from lowp_jax import _exact
 
 RANDOM_SHAPE = (8192, 128)  # 1M elements; 8192 rows of 128
 
@@ -42,16 +41,20 @@ def grid(quick: bool):
     out = []
     for rank in (1, 2, 3, 4):
         for s in C.schemes_for_rank(rank)[:: 7 if quick else 1]:
-            out.append(("float32 nearest", C.SHAPES[rank], s, "float32", dict(every_out_dtype=rank == 2)))
+            out.append(
+                ("float32 nearest", C.SHAPES[rank], s, "float32", {"every_out_dtype": rank == 2})
+            )
     for s in C.schemes_for_rank(2)[0::2][:: 5 if quick else 1]:
         out.append(("bfloat16 nearest", C.SHAPES[2], s, "bfloat16", {}))
     for s in C.schemes_for_rank(3)[1::2][:: 5 if quick else 1]:
         out.append(("float16 nearest", C.SHAPES[3], s, "float16", {}))
     stochastic = C.schemes_for_rank(4)[0::2] + [lowp.NVFP4Scaling(block=8)]
     for s in stochastic[:: 5 if quick else 1]:
-        kwargs = dict(rounding="stochastic", seed=C.SEED, offset=C.OFFSET)
+        kwargs = {"rounding": "stochastic", "seed": C.SEED, "offset": C.OFFSET}
         out.append(("stochastic seed", C.SHAPES[4], s, "float32", kwargs))
-    for s in [lowp.MXScaling(f, mode=m) for f in C.ELEMENTS for m in ("floor", "rceil")][:: 5 if quick else 1]:
+    for s in [lowp.MXScaling(f, mode=m) for f in C.ELEMENTS for m in ("floor", "rceil")][
+        :: 5 if quick else 1
+    ]:
         out.append(("default blocks", (4, 256), s, "float32", {}))
     return out
 
@@ -99,7 +102,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="directory for jax_gpu_conformance.json")
     parser.add_argument("--quick", action="store_true", help="a slice of each part")
     parser.add_argument(
-        "--time-limit", type=float, default=0,
+        "--time-limit",
+        type=float,
+        default=0,
         help="seconds after which the edge-case grid stops early (reported as truncated)",
     )
     args = parser.parse_args(argv)
@@ -119,7 +124,8 @@ def main(argv=None) -> int:
         "quick": args.quick,
     }
     failures = []
-    print(f"lowp_jax conformance on {report['device_kind']} ({report['backend']}), jax {report['jax']}", flush=True)
+    where = f"{report['device_kind']} ({report['backend']})"
+    print(f"lowp_jax conformance on {where}, jax {report['jax']}", flush=True)
 
     # 1. the exact divide and the narrow multiply, and the native `/` for comparison
     t = time.time()
@@ -129,13 +135,17 @@ def main(argv=None) -> int:
     div_rn_diff = C.count_bit_differences(jax.jit(_exact.div_rn)(a_dev, b_dev), want)
     native = jax.jit(lambda a, b: a / b)(a_dev, b_dev)
     finite_normal = np.isfinite(want) & (want != 0)  # where the native result should equal IEEE
-    native_diff = C.count_bit_differences(C.ftz(np.asarray(native))[finite_normal], want[finite_normal])
+    native_diff = C.count_bit_differences(
+        C.ftz(np.asarray(native))[finite_normal], want[finite_normal]
+    )
     values = np.concatenate([lowp.FORMATS[f].values() for f in lowp.ELEMENT_FORMATS])
     m_rng = np.random.default_rng(8)
     ma = m_rng.choice(values[np.isfinite(values)], 1_000_000).astype(np.float32)
     with np.errstate(all="ignore"):
         target = (np.float64(2.0**-126) / np.where(ma != 0, np.abs(ma), 1)).astype(np.float32)
-    mb = (target.view(np.uint32).astype(np.int64) + m_rng.integers(-3, 4, ma.size)).clip(0, 0x7F7FFFFF)
+    mb = (target.view(np.uint32).astype(np.int64) + m_rng.integers(-3, 4, ma.size)).clip(
+        0, 0x7F7FFFFF
+    )
     mb = mb.astype(np.uint32).view(np.float32)
     mul_got = jax.jit(_exact.mul_narrow)(*jax.device_put((ma, mb), device))
     with np.errstate(all="ignore"):
@@ -154,7 +164,10 @@ def main(argv=None) -> int:
         failures.append(f"[div_rn] {div_rn_diff} of {a.size} quotients differ from IEEE")
     if mul_diff:
         failures.append(f"[mul_narrow] {mul_diff} of {ma.size} products differ from IEEE")
-    print(f"  div_rn: {div_rn_diff} differences; native '/': {native_diff} of {int(finite_normal.sum())}", flush=True)
+    compared = int(finite_normal.sum())
+    print(
+        f"  div_rn: {div_rn_diff} differences; native '/': {native_diff} of {compared}", flush=True
+    )
     write(report, failures)
 
     # 2. one million random inputs per scheme
@@ -165,24 +178,51 @@ def main(argv=None) -> int:
     for scheme in schemes:
         x = random_input(rng)
         errors = C.run_case(x, scheme, device=device)
-        random_results.append({"scheme": C.scheme_id(scheme), "elements": x.size, "differences": errors})
+        random_results.append(
+            {"scheme": C.scheme_id(scheme), "elements": x.size, "differences": errors}
+        )
         if errors:
-            failures.append("[1M random] " + C.describe("random magnitudes", scheme, "float32", errors))
-    for scheme in [lowp.AxisScaling("float8_e5m2"), lowp.MXScaling("float6_e2m3fn", mode="rceil"), lowp.NVFP4Scaling()]:
+            failures.append(
+                "[1M random] " + C.describe("random magnitudes", scheme, "float32", errors)
+            )
+    for scheme in [
+        lowp.AxisScaling("float8_e5m2"),
+        lowp.MXScaling("float6_e2m3fn", mode="rceil"),
+        lowp.NVFP4Scaling(),
+    ]:
         x = random_input(rng)
-        errors = C.run_case(x, scheme, rounding="stochastic", seed=C.SEED, offset=C.OFFSET, device=device)
-        random_results.append({"scheme": C.scheme_id(scheme) + " stochastic", "elements": x.size, "differences": errors})
+        errors = C.run_case(
+            x, scheme, rounding="stochastic", seed=C.SEED, offset=C.OFFSET, device=device
+        )
+        random_results.append(
+            {
+                "scheme": C.scheme_id(scheme) + " stochastic",
+                "elements": x.size,
+                "differences": errors,
+            }
+        )
         if errors:
-            failures.append("[1M random stochastic] " + C.describe("random magnitudes", scheme, "float32", errors))
+            failures.append(
+                "[1M random stochastic] "
+                + C.describe("random magnitudes", scheme, "float32", errors)
+            )
     # Many small groups: 262144 rows of 4, each with its own pair of scale divisions.
     x = random_input(rng, (262144, 4))
     errors = C.run_case(x, lowp.AxisScaling(), device=device)
-    random_results.append({"scheme": "AxisScaling on (262144, 4)", "elements": x.size, "differences": errors})
+    random_results.append(
+        {"scheme": "AxisScaling on (262144, 4)", "elements": x.size, "differences": errors}
+    )
     if errors:
-        failures.append("[1M random, 262144 groups] " + C.describe("random magnitudes", lowp.AxisScaling(), "float32", errors))
+        failures.append(
+            "[1M random, 262144 groups] "
+            + C.describe("random magnitudes", lowp.AxisScaling(), "float32", errors)
+        )
     report["random_1M"] = {"results": random_results, "seconds": round(time.time() - t, 1)}
     write(report, failures)
-    print(f"  1M random inputs: {len(random_results)} runs, {len(failures)} failing in total", flush=True)
+    print(
+        f"  1M random inputs: {len(random_results)} runs, {len(failures)} failing in total",
+        flush=True,
+    )
 
     # 3. the edge-case grid, last: it is the longest (one compilation per configuration)
     cases = 0
@@ -191,7 +231,10 @@ def main(argv=None) -> int:
     done = 0
     for n, (label, shape, scheme, hp_dtype, kwargs) in enumerate(plan):
         if args.time_limit and time.time() - start > args.time_limit:
-            print(f"  time limit: stopping the grid after {n} of {len(plan)} configurations", flush=True)
+            print(
+                f"  time limit: stopping the grid after {n} of {len(plan)} configurations",
+                flush=True,
+            )
             break
         done = n + 1
         for name, x in C.edge_cases(shape, scheme, hp_dtype):
@@ -200,7 +243,9 @@ def main(argv=None) -> int:
             if errors:
                 failures.append(f"[{label}] " + C.describe(name, scheme, hp_dtype, errors))
         if n % 50 == 0:
-            print(f"  grid {n}/{len(plan)} configurations, {len(failures)} failing cases", flush=True)
+            print(
+                f"  grid {n}/{len(plan)} configurations, {len(failures)} failing cases", flush=True
+            )
     report["grid"] = {
         "configurations": len(plan),
         "configurations_run": done,
@@ -212,9 +257,17 @@ def main(argv=None) -> int:
 
     report["complete"] = True
     path = write(report, failures)
-    status = "FAIL" if failures else "INCOMPLETE (time limit)" if report["grid"]["truncated_by_time_limit"] else "PASS"
-    print(f"{status}: {cases} edge cases, {len(random_results)} x 1M random, "
-          f"{len(failures)} failures, {report['seconds']} s -> {path}")
+    status = (
+        "FAIL"
+        if failures
+        else "INCOMPLETE (time limit)"
+        if report["grid"]["truncated_by_time_limit"]
+        else "PASS"
+    )
+    print(
+        f"{status}: {cases} edge cases, {len(random_results)} x 1M random, "
+        f"{len(failures)} failures, {report['seconds']} s -> {path}"
+    )
     for line in failures[:10]:
         print(line)
     return 0 if report["passed"] and not report["grid"]["truncated_by_time_limit"] else 1

@@ -10,7 +10,6 @@ import functools
 import math
 
 import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
@@ -33,7 +32,10 @@ def schemes_for_rank(rank: int) -> list:
         out += [lowp.TensorScaling(fmt), lowp.TensorScaling(fmt, pow2=True)]
         out += [lowp.AxisScaling(fmt, axis=-1), lowp.AxisScaling(fmt, axis=0, pow2=True)]
         if rank >= 2:
-            out += [lowp.BlockScaling(fmt, block=(2, 4)), lowp.BlockScaling(fmt, block=(3, 5), pow2=True)]
+            out += [
+                lowp.BlockScaling(fmt, block=(2, 4)),
+                lowp.BlockScaling(fmt, block=(3, 5), pow2=True),
+            ]
         for mode in ("floor", "ceil", "rceil"):
             out.append(lowp.MXScaling(fmt, block=8, mode=mode))
         if fmt != "float4_e2m1fn" and rank >= 2:
@@ -64,7 +66,9 @@ def _leaders(ids: np.ndarray) -> np.ndarray:
 
 
 def _random_normal(shape, rng) -> np.ndarray:
-    x = rng.standard_normal(shape) * 10.0 ** rng.integers(-6, 6, size=shape[:-1] + (1,) if shape else ())
+    x = rng.standard_normal(shape) * 10.0 ** rng.integers(
+        -6, 6, size=shape[:-1] + (1,) if shape else ()
+    )
     x = np.asarray(x)
     x[rng.random(shape) < 0.05] = 0.0
     x[rng.random(shape) < 0.02] = -0.0
@@ -123,7 +127,9 @@ def edge_cases(shape, scheme, hp_dtype: str, seed: int = 0) -> list[tuple[str, n
     add("grid ties at scale 1", x)
     # Just above max: 464 for e4m3, the tie between max and the next binade's step.
     step = 2.0 ** (fmt.emax - fmt.mbits)
-    above = np.array([fmt.max + step / 2, fmt.max, fmt.max - step / 2, fmt.max + step / 4], np.float64)
+    above = np.array(
+        [fmt.max + step / 2, fmt.max, fmt.max - step / 2, fmt.max + step / 4], np.float64
+    )
     x = rng.choice(above, size) * rng.choice([-1.0, 1.0], size)
     x[leaders] = fmt.max + step / 2
     add("max and the tie above it", x)
@@ -131,7 +137,14 @@ def edge_cases(shape, scheme, hp_dtype: str, seed: int = 0) -> list[tuple[str, n
     # Group amax just below, at and above powers of two and max * 2**k, a random k per group.
     group_of = ids.reshape(-1)
     n_groups = math.prod(scheme.scale_shape(shape))
-    for kind in ("below 2^k", "at 2^k", "above 2^k", "below max*2^k", "at max*2^k", "above max*2^k"):
+    for kind in (
+        "below 2^k",
+        "at 2^k",
+        "above 2^k",
+        "below max*2^k",
+        "at max*2^k",
+        "above max*2^k",
+    ):
         base = 2.0 ** rng.integers(-30, 30, n_groups) * (fmt.max if "max" in kind else 1.0)
         peak = base.astype(np.float32)
         if kind.startswith("below"):
@@ -183,7 +196,12 @@ def divide_pairs(rng, n):
         with np.errstate(all="ignore"):
             aa = (bb.astype(np.float64) * target).astype(np.float32)
         shift = rng.integers(-4, 5, k).astype(np.int64)
-        aa = (aa.view(np.uint32).astype(np.int64) + shift).clip(0, 0x7F7FFFFF).astype(np.uint32).view(np.float32)
+        aa = (
+            (aa.view(np.uint32).astype(np.int64) + shift)
+            .clip(0, 0x7F7FFFFF)
+            .astype(np.uint32)
+            .view(np.float32)
+        )
         a[sl], b[sl] = aa, bb
     sl = slice(3 * k, 4 * k)
     b[sl] = np.abs(ftz(b[sl]))
@@ -209,7 +227,7 @@ def count_bit_differences(got, want) -> int:
 # --- running and comparing -----------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jitted(scheme, rounding: str = "nearest", seed=None, offset=0, every_out_dtype=False):
     """One jitted quantize + dequantize per scheme and rounding (jax caches per shape/dtype).
 
@@ -240,8 +258,16 @@ def reference(x, scheme, rounding="nearest", random=None, seed=None, offset=0):
     return lowp.quantize(x, scheme, rounding="stochastic", seed=seed, offset=offset)
 
 
-def run_case(x, scheme, rounding="nearest", random=None, seed=None, offset=0, every_out_dtype=False,
-             device=None) -> list[str]:
+def run_case(
+    x,
+    scheme,
+    rounding="nearest",
+    random=None,
+    seed=None,
+    offset=0,
+    every_out_dtype=False,
+    device=None,
+) -> list[str]:
     """Differences between lowp and lowp_jax for input x (empty list: identical bytes)."""
     ref = reference(x, scheme, rounding, random, seed, offset)
     fn = jitted(scheme, rounding, seed, offset, every_out_dtype)
@@ -279,11 +305,13 @@ def compare_arrays(what, x, want, got, element_of=lambda i: i) -> list[str]:
     index = np.unravel_index(i, want.shape) if want.ndim else ()
     j = element_of(i)
     where = tuple(int(n) for n in np.unravel_index(j, x.shape)) if x.size else ()
-    return [
-        f"{what}: {diff.size} of {want_bits.size} differ; first at {tuple(int(n) for n in index)}: "
-        f"lowp 0x{int(want_bits[i]):X}, lowp_jax 0x{int(got_bits[i]):X}; input element {where}: "
-        f"{input_bits(x, j)}"
-    ]
+    first = tuple(int(n) for n in index)
+    message = (
+        f"{what}: {diff.size} of {want_bits.size} differ; first at {first}: "
+        f"lowp 0x{int(want_bits[i]):X}, lowp_jax 0x{int(got_bits[i]):X}; "
+        f"input element {where}: {input_bits(x, j)}"
+    )
+    return [message]
 
 
 def compare_qtensors(x, ref: lowp.QTensor, got: lowp.QTensor) -> list[str]:

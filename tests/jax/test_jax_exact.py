@@ -11,15 +11,17 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from jax_cases import divide_pairs, ftz, random_f32, reference_divide
 
 import lowp
 import lowp_jax
-from jax_cases import divide_pairs, ftz, random_f32, reference_divide
 from lowp import _rounding as np_rounding
 from lowp_jax import _dtypes, _encode, _exact
 from lowp_jax import _rounding as jax_rounding
 
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value", "ignore:divide by zero")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:overflow encountered", "ignore:invalid value", "ignore:divide by zero"
+)
 
 
 def assert_same_bits(got, want, *inputs):
@@ -31,7 +33,8 @@ def assert_same_bits(got, want, *inputs):
         operands = ", ".join(f"0x{int(np.float32(a[i]).view(np.uint32)):08X}" for a in inputs)
         raise AssertionError(
             f"{diff.size} of {got.size} differ; first at {i}: operands {operands}: "
-            f"lowp_jax 0x{int(got.view(np.uint32)[i]):08X}, NumPy 0x{int(want.view(np.uint32)[i]):08X}"
+            f"lowp_jax 0x{int(got.view(np.uint32)[i]):08X}, "
+            f"NumPy 0x{int(want.view(np.uint32)[i]):08X}"
         )
     assert (got.view(np.uint32)[np.isnan(got)] == 0x7FC00000).all()  # canonical NaN
 
@@ -59,15 +62,25 @@ def test_div_rn_survives_constant_folding_and_chains():
 def test_mul_narrow_is_exact_where_the_cpu_flush_is_not():
     rng = np.random.default_rng(2)
     n = 500_000
-    values = np.concatenate([lowp.FORMATS[f].values() for f in lowp.ELEMENT_FORMATS] + [lowp.FORMATS["float8_e4m3fn"].values()])
+    values = np.concatenate(
+        [lowp.FORMATS[f].values() for f in lowp.ELEMENT_FORMATS]
+        + [lowp.FORMATS["float8_e4m3fn"].values()]
+    )
     a = rng.choice(values, n).astype(np.float32)
     b = random_f32(rng, n)
     # Half the products land within a few ulps of 2**-126, the band where XLA on CPU
     # flushes what IEEE rounds up to the smallest normal.
     h = n // 2
     with np.errstate(all="ignore"):
-        target = (np.float64(2.0**-126) / np.where(np.isfinite(a[:h]) & (a[:h] != 0), np.abs(a[:h]), 1)).astype(np.float32)
-    b[:h] = (target.view(np.uint32).astype(np.int64) + rng.integers(-3, 4, h)).clip(0, 0x7F7FFFFF).astype(np.uint32).view(np.float32)
+        target = (
+            np.float64(2.0**-126) / np.where(np.isfinite(a[:h]) & (a[:h] != 0), np.abs(a[:h]), 1)
+        ).astype(np.float32)
+    b[:h] = (
+        (target.view(np.uint32).astype(np.int64) + rng.integers(-3, 4, h))
+        .clip(0, 0x7F7FFFFF)
+        .astype(np.uint32)
+        .view(np.float32)
+    )
     got = jax.jit(_exact.mul_narrow)(a, b)
     with np.errstate(all="ignore"):
         want = ftz(np.multiply(ftz(a), ftz(b), dtype=np.float32))
@@ -81,18 +94,29 @@ def test_encoder_matches_lowp(fmt):
     values = np.abs(f.values()[np.isfinite(f.values())]).astype(np.float32)
     values = np.unique(values)
     mids = ((values[:-1].astype(np.float64) + values[1:]) / 2).astype(np.float32)
-    near = np.concatenate([np.nextafter(mids, np.float32(0)), mids, np.nextafter(mids, np.float32(np.inf))])
-    sample = np.concatenate([
-        values, near, rng.uniform(-f.max, f.max, 1_000_000).astype(np.float32),
-        random_f32(rng, 100_000) * np.float32(0),  # zeros of both signs
-        (rng.integers(0, 2**23, 100_000, dtype=np.uint32) | np.uint32(0x80000000) * rng.integers(0, 2, 100_000, dtype=np.uint32)).view(np.float32),  # float32 subnormals
-    ])
+    near = np.concatenate(
+        [np.nextafter(mids, np.float32(0)), mids, np.nextafter(mids, np.float32(np.inf))]
+    )
+    sample = np.concatenate(
+        [
+            values,
+            near,
+            rng.uniform(-f.max, f.max, 1_000_000).astype(np.float32),
+            random_f32(rng, 100_000) * np.float32(0),  # zeros of both signs
+            (
+                rng.integers(0, 2**23, 100_000, dtype=np.uint32)
+                | np.uint32(0x80000000) * rng.integers(0, 2, 100_000, dtype=np.uint32)
+            ).view(np.float32),  # float32 subnormals
+        ]
+    )
     sample = np.concatenate([sample, -sample]).astype(np.float32)
     sample = sample[np.abs(sample) <= f.max]
     got = np.asarray(jax.jit(lambda b: _encode.encode(b, f))(sample.view(np.uint32)))
     want = lowp.encode(sample, f)
     diff = np.flatnonzero(got != want)
-    assert diff.size == 0, f"{fmt}: 0x{sample.view(np.uint32)[diff[0]]:08X} -> {got[diff[0]]} != {want[diff[0]]}"
+    assert diff.size == 0, (
+        f"{fmt}: 0x{sample.view(np.uint32)[diff[0]]:08X} -> {got[diff[0]]} != {want[diff[0]]}"
+    )
 
 
 @pytest.mark.parametrize("fmt", list(lowp.ELEMENT_FORMATS))
@@ -105,22 +129,35 @@ def test_stochastic_rounding_matches_lowp(fmt):
     v[:4] = [0.0, -0.0, f.max, -f.max]
     r = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
     r[4:8] = [0, 2**32 - 1, 255, 256]
-    got = np.asarray(jax.jit(lambda b, r: jax_rounding.round_elements(b, f, r))(v.view(np.uint32), r))
+    got = np.asarray(
+        jax.jit(lambda b, r: jax_rounding.round_elements(b, f, r))(v.view(np.uint32), r)
+    )
     want = np_rounding.round_elements(v, f, r)
     diff = np.flatnonzero(got != want)
-    assert diff.size == 0, f"{fmt}: v=0x{v.view(np.uint32)[diff[0]]:08X} r={r[diff[0]]}: {got[diff[0]]} != {want[diff[0]]}"
+    assert diff.size == 0, (
+        f"{fmt}: v=0x{v.view(np.uint32)[diff[0]]:08X} r={r[diff[0]]}: "
+        f"{got[diff[0]]} != {want[diff[0]]}"
+    )
 
 
 @pytest.mark.parametrize(
     "seed, shape, offset",
-    [(0, (3,), 0), (1234, (2, 3), 2**32 + 7), (-1, (5, 7), 0), (2**40 + 3, (4, 4, 4), 2**32 - 1), (7, (0, 3), 1)],
+    [
+        (0, (3,), 0),
+        (1234, (2, 3), 2**32 + 7),
+        (-1, (5, 7), 0),
+        (2**40 + 3, (4, 4, 4), 2**32 - 1),
+        (7, (0, 3), 1),
+    ],
 )
 def test_random_bits_match_lowp(seed, shape, offset):
     got = np.asarray(lowp_jax.random_bits(seed, shape, offset))
     want = lowp.random_bits(seed, shape, offset)
     assert got.dtype == np.uint32 and got.shape == want.shape
     np.testing.assert_array_equal(got, want)
-    traced = jax.jit(lambda s, o: lowp_jax.random_bits(s, shape, o))(jnp.uint32(seed % 2**32), jnp.uint32(offset % 2**32))
+    traced = jax.jit(lambda s, o: lowp_jax.random_bits(s, shape, o))(
+        jnp.uint32(seed % 2**32), jnp.uint32(offset % 2**32)
+    )
     np.testing.assert_array_equal(np.asarray(traced), want)
 
 
@@ -145,11 +182,15 @@ def test_half_precision_conversions_are_exact(name, dtype):
     b = rng.integers(0, 2**32, 1_000_000, dtype=np.uint64).astype(np.uint32)
     # around every representable value of the narrow dtype: its ties and neighbours
     around = (want[finite].view(np.uint32)[:, None].astype(np.int64) + np.arange(-2, 3)).reshape(-1)
-    b = np.concatenate([b, around.clip(0, 2**32 - 1).astype(np.uint32), (want[finite].view(np.uint32) + (1 << 12))])
+    b = np.concatenate(
+        [b, around.clip(0, 2**32 - 1).astype(np.uint32), (want[finite].view(np.uint32) + (1 << 12))]
+    )
     b = ftz(b.view(np.float32)).view(np.uint32)  # dequantized values are flushed first
     got = np.asarray(jax.jit(lambda b: _dtypes.from_f32_bits(b, name))(b)).view(np.uint16)
     with np.errstate(all="ignore"):
         want = b.view(np.float32).astype(dtype).view(np.uint16)
     nan = np.isnan(b.view(np.float32))
     diff = np.flatnonzero((got != want) & ~nan)
-    assert diff.size == 0, f"0x{b[diff[0]]:08X} -> 0x{got[diff[0]]:04X}, NumPy 0x{want[diff[0]]:04X}"
+    assert diff.size == 0, (
+        f"0x{b[diff[0]]:08X} -> 0x{got[diff[0]]:04X}, NumPy 0x{want[diff[0]]:04X}"
+    )

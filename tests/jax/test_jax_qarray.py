@@ -6,11 +6,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import jax_cases as C
 import numpy as np
 import pytest
 from jax.experimental import checkify
 
-import jax_cases as C
 import lowp
 import lowp_jax
 
@@ -43,9 +43,13 @@ def test_storage_dtypes_and_shapes(scheme):
     q = lowp_jax.quantize(_x(), scheme)
     assert q.codes.dtype == STORAGE[scheme.fmt]
     assert q.codes.shape == ((4, 32) if scheme.fmt == "float4_e2m1fn" else (4, 64))
-    want_scale = {lowp.MXScaling: jnp.uint8, lowp.NVFP4Scaling: jnp.float8_e4m3fn}.get(type(scheme), jnp.float32)
+    want_scale = {lowp.MXScaling: jnp.uint8, lowp.NVFP4Scaling: jnp.float8_e4m3fn}.get(
+        type(scheme), jnp.float32
+    )
     assert q.scale.dtype == want_scale and q.scale.shape == scheme.scale_shape((4, 64))
-    assert (q.global_scale is not None) == (isinstance(scheme, lowp.NVFP4Scaling) and scheme.global_scale)
+    assert (q.global_scale is not None) == (
+        isinstance(scheme, lowp.NVFP4Scaling) and scheme.global_scale
+    )
 
 
 @pytest.mark.parametrize("scheme", SCHEMES, ids=C.scheme_id)
@@ -56,7 +60,9 @@ def test_pytree_round_trip_and_jit_passthrough(scheme):
     again = jax.tree_util.tree_unflatten(treedef, leaves)
     assert again.scheme == scheme and again.shape == q.shape and again.hp_dtype == q.hp_dtype
     out = jax.jit(lambda q: q.dequantize())(q)  # a QArray as a jit argument
-    np.testing.assert_array_equal(np.asarray(out).view(np.uint32), lowp.dequantize(lowp_jax.to_lowp(q)).view(np.uint32))
+    np.testing.assert_array_equal(
+        np.asarray(out).view(np.uint32), lowp.dequantize(lowp_jax.to_lowp(q)).view(np.uint32)
+    )
     q2 = jax.jit(lambda x: lowp_jax.quantize(x, scheme))(_x())  # and as a result
     assert isinstance(q2, lowp_jax.QArray) and q2.scheme == scheme
 
@@ -75,11 +81,18 @@ def test_to_and_from_lowp_are_exact(scheme, layout):
     back = lowp_jax.to_lowp(q)
     assert not C.compare_qtensors(x, qt, back)
     for out_dtype in C.OUT_DTYPES:
-        assert not C.compare_arrays("dequantize", x, lowp.dequantize(qt, out_dtype), np.asarray(lowp_jax.dequantize(q, out_dtype)))
+        assert not C.compare_arrays(
+            "dequantize",
+            x,
+            lowp.dequantize(qt, out_dtype),
+            np.asarray(lowp_jax.dequantize(q, out_dtype)),
+        )
     if layout == "cublas_blocked":  # the JAX swizzle equals lowp's both ways
         plain = lowp_jax.quantize(x, scheme)
         assert not C.compare_qtensors(x, qt, lowp_jax.to_lowp(plain.with_scale_layout(layout)))
-        assert not C.compare_qtensors(x, lowp.quantize(x, scheme), lowp_jax.to_lowp(q.with_scale_layout("plain")))
+        assert not C.compare_qtensors(
+            x, lowp.quantize(x, scheme), lowp_jax.to_lowp(q.with_scale_layout("plain"))
+        )
 
 
 def test_qarray_refuses_inconsistent_fields():
@@ -133,7 +146,10 @@ def test_quantize_passes_no_gradient_and_fake_quantize_passes_it_straight_throug
     np.testing.assert_array_equal(np.asarray(fq).view(np.uint32), want.view(np.uint32))
     bf = jnp.asarray(x, jnp.bfloat16)
     assert lowp_jax.fake_quantize(bf, scheme).dtype == jnp.bfloat16
-    assert jax.grad(lambda x: lowp_jax.fake_quantize(x, scheme).astype(jnp.float32).sum())(bf).dtype == jnp.bfloat16
+    assert (
+        jax.grad(lambda x: lowp_jax.fake_quantize(x, scheme).astype(jnp.float32).sum())(bf).dtype
+        == jnp.bfloat16
+    )
 
 
 # --- vmap ---------------------------------------------------------------------------------
@@ -146,7 +162,10 @@ def test_quantize_passes_no_gradient_and_fake_quantize_passes_it_straight_throug
         (lowp.AxisScaling(axis=0), lowp.AxisScaling(axis=1)),
         (lowp.BlockScaling(block=(2, 8)), lowp.BlockScaling(block=(2, 8))),
         (lowp.MXScaling(mode="ceil"), lowp.MXScaling(mode="ceil")),
-        (lowp.MXScaling("float8_e5m2", block=2, axis=0), lowp.MXScaling("float8_e5m2", block=2, axis=1)),
+        (
+            lowp.MXScaling("float8_e5m2", block=2, axis=0),
+            lowp.MXScaling("float8_e5m2", block=2, axis=1),
+        ),
         (lowp.NVFP4Scaling(global_scale=False), lowp.NVFP4Scaling(global_scale=False)),
     ],
     ids=lambda s: C.scheme_id(s),
@@ -157,10 +176,14 @@ def test_vmap_equals_quantizing_the_batch_where_groups_stay_inside_an_example(sc
     q = jax.jit(jax.vmap(lambda x: lowp_jax.quantize(x, scheme)))(xs)
     assert q.shape == (4, 64) and q.codes.shape[0] == 3  # per-example metadata, batched leaves
     ref = lowp.quantize(xs, batched)
-    got = lowp_jax.to_lowp(lowp_jax.QArray(q.codes, q.scale, q.global_scale, batched, xs.shape, "float32"))
+    got = lowp_jax.to_lowp(
+        lowp_jax.QArray(q.codes, q.scale, q.global_scale, batched, xs.shape, "float32")
+    )
     assert not C.compare_qtensors(xs, ref, got)
     out = jax.vmap(lowp_jax.dequantize)(q)
-    np.testing.assert_array_equal(np.asarray(out).view(np.uint32), lowp.dequantize(ref).view(np.uint32))
+    np.testing.assert_array_equal(
+        np.asarray(out).view(np.uint32), lowp.dequantize(ref).view(np.uint32)
+    )
 
 
 @pytest.mark.parametrize("scheme", [lowp.TensorScaling(), lowp.NVFP4Scaling()], ids=C.scheme_id)
@@ -168,12 +191,14 @@ def test_vmap_of_whole_tensor_scales_quantizes_each_example_on_its_own(scheme):
     xs = np.stack([_x((4, 64), seed=i) * 10.0**i for i in range(3)]).astype(np.float32)
     q = jax.vmap(lambda x: lowp_jax.quantize(x, scheme))(xs)
     for i in range(3):
-        qi = jax.tree_util.tree_map(lambda leaf: leaf[i], q)
+        qi = jax.tree_util.tree_map(lambda leaf, i=i: leaf[i], q)
         assert not C.compare_qtensors(xs[i], lowp.quantize(xs[i], scheme), lowp_jax.to_lowp(qi))
     # Quantizing the batch as one tensor shares one scale across examples: other bytes.
     whole = lowp.quantize(xs, scheme)
     vmapped_codes = np.asarray(jax.device_get(q.codes)).view(np.uint8)
-    assert vmapped_codes.shape == whole.codes.shape and not np.array_equal(vmapped_codes, whole.codes)
+    assert vmapped_codes.shape == whole.codes.shape and not np.array_equal(
+        vmapped_codes, whole.codes
+    )
 
 
 # --- check_finite ---------------------------------------------------------------------------
@@ -187,15 +212,26 @@ def test_check_finite_eagerly_raises_floating_point_error_naming_the_tensor():
 
 
 def test_check_finite_under_jit_goes_through_checkify():
-    f = jax.jit(functools.partial(lowp_jax.quantize, scheme=lowp.MXScaling(block=4), check_finite=True, name="act"))
+    f = jax.jit(
+        functools.partial(
+            lowp_jax.quantize, scheme=lowp.MXScaling(block=4), check_finite=True, name="act"
+        )
+    )
     x = jnp.ones(8).at[5].set(jnp.nan)
     err, _ = checkify.checkify(f)(x)
-    with pytest.raises(checkify.JaxRuntimeError, match=r"act: 1 non-finite element\(s\), the first at index \(5,\)"):
+    with pytest.raises(
+        checkify.JaxRuntimeError, match=r"act: 1 non-finite element\(s\), the first at index \(5,\)"
+    ):
         err.throw()
     err, q = checkify.checkify(f)(jnp.ones(8))
     err.throw()  # no error
-    assert lowp_jax.to_lowp(q).codes.tolist() == lowp.quantize(np.ones(8, np.float32), lowp.MXScaling(block=4)).codes.tolist()
-    with pytest.raises(ValueError, match="checkify"):  # staged without checkify: refused at trace time
+    assert (
+        lowp_jax.to_lowp(q).codes.tolist()
+        == lowp.quantize(np.ones(8, np.float32), lowp.MXScaling(block=4)).codes.tolist()
+    )
+    with pytest.raises(
+        ValueError, match="checkify"
+    ):  # staged without checkify: refused at trace time
         f(x)
 
 
@@ -237,14 +273,26 @@ def test_bad_shapes_name_the_offending_value(shape, scheme, match):
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(rounding="up"), ValueError, "'up'"),
-        (dict(seed=1), ValueError, "stochastic"),
-        (dict(rounding="stochastic"), ValueError, "exactly one"),
-        (dict(rounding="stochastic", seed=1, random_bits=jnp.zeros(4, jnp.uint32)), ValueError, "exactly one"),
-        (dict(rounding="stochastic", random_bits=jnp.zeros(3, jnp.uint32)), ValueError, r"\(3,\)"),
-        (dict(rounding="stochastic", random_bits=jnp.zeros(4, jnp.int32)), TypeError, "uint32"),
-        (dict(rounding="stochastic", random_bits=jnp.zeros(4, jnp.uint32), offset=1), ValueError, "offset"),
-        (dict(rounding="stochastic", seed=1.5), TypeError, "1.5"),
+        ({"rounding": "up"}, ValueError, "'up'"),
+        ({"seed": 1}, ValueError, "stochastic"),
+        ({"rounding": "stochastic"}, ValueError, "exactly one"),
+        (
+            {"rounding": "stochastic", "seed": 1, "random_bits": jnp.zeros(4, jnp.uint32)},
+            ValueError,
+            "exactly one",
+        ),
+        (
+            {"rounding": "stochastic", "random_bits": jnp.zeros(3, jnp.uint32)},
+            ValueError,
+            r"\(3,\)",
+        ),
+        ({"rounding": "stochastic", "random_bits": jnp.zeros(4, jnp.int32)}, TypeError, "uint32"),
+        (
+            {"rounding": "stochastic", "random_bits": jnp.zeros(4, jnp.uint32), "offset": 1},
+            ValueError,
+            "offset",
+        ),
+        ({"rounding": "stochastic", "seed": 1.5}, TypeError, "1.5"),
     ],
 )
 def test_bad_rounding_arguments(kwargs, error, match):
