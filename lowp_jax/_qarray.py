@@ -89,6 +89,14 @@ class QArray:
 
     Construct it with `lowp_jax.quantize` or `from_lowp`; the constructor checks every
     field against the others (leaves are not checked when JAX rebuilds the pytree).
+
+    >>> import jax, jax.numpy as jnp, lowp, lowp_jax
+    >>> quantize = jax.jit(lambda x: lowp_jax.quantize(x, lowp.MXScaling(mode="rceil")))
+    >>> q = quantize(jnp.full((2, 32), 3.0))
+    >>> q.codes.dtype, q.scale.dtype, q.scale.shape
+    (dtype(float8_e4m3fn), dtype('uint8'), (2, 1))
+    >>> jax.jit(lowp_jax.dequantize)(q)[0, :2].tolist()
+    [3.0, 3.0]
     """
 
     codes: jax.Array
