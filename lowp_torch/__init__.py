@@ -2,19 +2,35 @@
 
 `quantize` and `dequantize` produce the bytes `lowp.quantize` / `lowp.dequantize` do,
 for every scheme and format of the core, on CPU and CUDA, in eager mode and under
-torch.compile (spec §0 of docs/numerics.md says how).
+torch.compile (spec §0 of docs/numerics.md says how). `QuantizedTensor` is a
+torch.Tensor subclass a model can hold as a weight; `scaled_matmul` lowers a quantized
+GEMM to torch._scaled_mm, fbgemm or emulation; `quantize_` converts a model's linears.
 """
 
+import torch
+
+import lowp
+from lowp_torch._config import LinearConfig
 from lowp_torch._convert import from_lowp, to_lowp
+from lowp_torch._gemm import scaled_matmul
 from lowp_torch._qtensor import QuantizedTensor
 from lowp_torch._quantize import dequantize, quantize
 from lowp_torch._rounding import random_bits
 
+# torch.load(weights_only=True), the default since torch 2.6, unpickles only allowlisted
+# globals. A state_dict of a quantize_'d model pickles QuantizedTensors, which carry
+# lowp schemes and a LinearConfig: plain frozen dataclasses that check their fields on
+# construction, holding no code to run. Registering them here, once, lets such a
+# checkpoint load with the safe loader without every user learning these class names.
+torch.serialization.add_safe_globals([QuantizedTensor, LinearConfig, *lowp._schemes.SCHEME_TYPES])
+
 __all__ = [
+    "LinearConfig",
     "QuantizedTensor",
     "dequantize",
     "from_lowp",
     "quantize",
     "random_bits",
+    "scaled_matmul",
     "to_lowp",
 ]

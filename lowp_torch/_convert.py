@@ -31,7 +31,7 @@ def to_lowp(q: _qtensor.QuantizedTensor) -> lowp.QTensor:
         scale=_host(scale),
         global_scale=global_scale,
         scheme=q.scheme,
-        shape=q.shape,
+        shape=tuple(q.shape),
         hp_dtype=_storage.HP_DTYPES[q.hp_dtype],
         scale_layout=q.scale_layout,
     )

@@ -259,15 +259,16 @@ def _quantize_nvfp4(xf, absb, scheme, random, block_amax_bits, block_poisoned):
 
 def _plain_scale_bytes_or_float(q: _qtensor.QuantizedTensor) -> torch.Tensor:
     """Plain-layout scales: float32 for float scales, else the uint8 scale codes."""
-    scale = q.with_scale_layout("plain").scale
+    scale = _qtensor.with_scale_layout(q, "plain").scale
     return scale if scale.dtype == torch.float32 else _storage.as_bytes(scale)
 
 
 def _poisoned_groups(q: _qtensor.QuantizedTensor, scale: torch.Tensor) -> torch.Tensor:
     """Boolean, plain scale shape: the groups whose stored scale is its format's NaN."""
-    if isinstance(q.scheme, _schemes.MXScaling):
+    scheme = _qtensor.scheme_of(q)
+    if isinstance(scheme, _schemes.MXScaling):
         return scale == 0xFF
-    if isinstance(q.scheme, _schemes.NVFP4Scaling):
+    if isinstance(scheme, _schemes.NVFP4Scaling):
         bad = (scale & 0x7F) == 0x7F
         if q.global_scale is not None:
             bad = bad | _bits.is_nan_bits(_bits.bits(q.global_scale))
@@ -302,7 +303,7 @@ def dequantize(q: _qtensor.QuantizedTensor, out_dtype: torch.dtype | None = None
         raise ValueError(
             f"out_dtype must be one of {tuple(_storage.HP_DTYPES)} or None, got {out_dtype!r}"
         )
-    scheme, shape = q.scheme, q.shape
+    scheme, shape = _qtensor.scheme_of(q), tuple(q.shape)
     fmt = _formats.element_format(scheme.fmt)
     codes = _storage.as_bytes(q.codes)
     if fmt.name == "float4_e2m1fn":

@@ -369,13 +369,13 @@ def test_quantized_tensor_refuses_inconsistent_fields():
     q = lowp_torch.quantize(torch.ones(4, 32), lowp.NVFP4Scaling())
 
     with pytest.raises(TypeError, match="codes must be torch.float4_e2m1fn_x2"):
-        dataclasses.replace(q, codes=q.codes.view(torch.uint8))
+        q.replace(codes=q.codes.view(torch.uint8))
     with pytest.raises(ValueError, match="scale must have shape"):
-        dataclasses.replace(q, scale=q.scale[:1])
+        q.replace(scale=q.scale[:1])
     with pytest.raises(ValueError, match="global_scale must be None"):
-        dataclasses.replace(q, scheme=lowp.NVFP4Scaling(global_scale=False))
+        q.replace(scheme=lowp.NVFP4Scaling(global_scale=False))
     with pytest.raises(ValueError, match="hp_dtype must be one of"):
-        dataclasses.replace(q, hp_dtype=torch.float64)
+        q.replace(hp_dtype=torch.float64)
     with pytest.raises(dataclasses.FrozenInstanceError):
         q.codes = q.codes
 

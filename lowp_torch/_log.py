@@ -1,0 +1,27 @@
+"""The `lowp_torch` logger, and a warning given once per distinct cause.
+
+Nothing is logged while torch.compile traces (`torch.compiler.is_compiling()`): the
+decisions logged here are made from static shapes, dtypes and devices, so one eager
+call shows what a compiled model does, and a log call inside a traced region would
+cost a graph break.
+"""
+
+import logging
+
+import torch
+
+logger = logging.getLogger("lowp_torch")
+_warned: set[str] = set()
+
+
+def debug(message: str) -> None:
+    if not torch.compiler.is_compiling():
+        logger.debug(message)
+
+
+def warn_once(key: str, message: str) -> None:
+    """Log `message` at WARNING the first time `key` is seen in this process."""
+    if torch.compiler.is_compiling() or key in _warned:
+        return
+    _warned.add(key)
+    logger.warning(message)
