@@ -83,9 +83,9 @@ class QArray:
         This equals quantizing the whole batch only where no group spans the batch axis:
         AxisScaling (along a per-example axis), BlockScaling, MXScaling and NVFP4Scaling
         with `global_scale=False`. TensorScaling and NVFP4 with a global scale get one
-        scale per example instead of one per batch, and stochastic rounding with a `seed`
-        hashes per-example indices, so every example draws the same bits: pass
-        `random_bits` shaped like the batch instead.
+        scale per example instead of one per batch, and stochastic rounding with one
+        `seed` for all examples hashes per-example indices, so every example draws the
+        same bits: batch the seed (or offset), or pass `random_bits` shaped like the batch.
 
     Construct it with `lowp_jax.quantize` or `from_lowp`; the constructor checks every
     field against the others (leaves are not checked when JAX rebuilds the pytree).

@@ -309,3 +309,21 @@ def test_bad_schemes_and_out_dtypes():
     with pytest.raises(TypeError, match="QArray"):
         lowp_jax.dequantize(jnp.ones(4))
     assert lowp_jax.dequantize(q, jnp.bfloat16).dtype == jnp.bfloat16
+
+
+def test_vmap_with_one_seed_repeats_the_bits_and_batched_seeds_do_not():
+    x = jnp.full((3, 8), 1.1)
+    scheme = lowp.MXScaling(block=8)
+
+    def codes(q):
+        return np.asarray(q.codes).view(np.uint8)
+
+    one = jax.vmap(lambda x: lowp_jax.quantize(x, scheme, rounding="stochastic", seed=5))(x)
+    assert (codes(one) == codes(one)[0]).all()
+    seeds = jnp.arange(3, dtype=jnp.uint32)
+    batched = jax.vmap(
+        lambda x, seed: lowp_jax.quantize(x, scheme, rounding="stochastic", seed=seed)
+    )(x, seeds)
+    for i in range(3):
+        want = lowp.quantize(np.asarray(x[i]), scheme, rounding="stochastic", seed=i)
+        np.testing.assert_array_equal(codes(batched)[i], want.codes)
