@@ -13,6 +13,7 @@ import lowp
 from lowp_torch._config import LinearConfig
 from lowp_torch._convert import from_lowp, to_lowp
 from lowp_torch._gemm import scaled_matmul
+from lowp_torch._model import load_quantized, quantize_, save_quantized
 from lowp_torch._qtensor import QuantizedTensor
 from lowp_torch._quantize import dequantize, quantize
 from lowp_torch._rounding import random_bits
@@ -29,8 +30,11 @@ __all__ = [
     "QuantizedTensor",
     "dequantize",
     "from_lowp",
+    "load_quantized",
     "quantize",
+    "quantize_",
     "random_bits",
+    "save_quantized",
     "scaled_matmul",
     "to_lowp",
 ]

@@ -169,7 +169,7 @@ def quantize(
     _schemes.check_scheme(scheme)
     xf = _hp_input(t, name)
     hp_dtype = t.dtype
-    shape = tuple(int(n) for n in xf.shape)
+    shape = tuple(xf.shape)  # SymInts stay symbolic under torch.compile (no recompile per M)
     scheme.check_shape(shape)
     random = _random_for(xf, rounding, random_bits, seed, offset, name)
     xf = _bits.ftz(xf)

@@ -1,0 +1,245 @@
+"""`quantize_(model, config)`: quantize every nn.Linear weight in place, for inference;
+`save_quantized` / `load_quantized`: the model's state through lowp's interchange file.
+"""
+
+import ml_dtypes
+import numpy as np
+import torch
+from torch import nn
+
+import lowp
+from lowp_torch import _config, _convert, _log, _qtensor, _quantize
+
+# torch dtypes lowp.save stores that numpy has only through ml_dtypes: (numpy dtype,
+# same-width int dtype used to move the bytes between torch and numpy).
+_BYTES_VIEWS = {
+    torch.bfloat16: (np.dtype(ml_dtypes.bfloat16), torch.int16),
+    torch.float8_e4m3fn: (np.dtype(ml_dtypes.float8_e4m3fn), torch.uint8),
+    torch.float8_e5m2: (np.dtype(ml_dtypes.float8_e5m2), torch.uint8),
+    torch.float8_e8m0fnu: (np.dtype(ml_dtypes.float8_e8m0fnu), torch.uint8),
+}
+
+
+def quantize_(
+    model: nn.Module,
+    config: "lowp.InferenceConfig | str",
+    filter_fn=None,
+    *,
+    pad_to_16: bool = False,
+    kernel: str = "auto",
+    fast_accum: bool = True,
+    strict: bool = False,
+) -> nn.Module:
+    """Replace each `nn.Linear` weight of `model` with a QuantizedTensor, in place.
+
+    The weight is stored (out_features, in_features) and quantized with
+    `config.weight`, scaled along in_features where the scheme has an axis (spec §8,
+    §9). When `config.activation` is set, each call quantizes the input with it
+    (dynamically: fresh scales per call) and runs the GEMM through `scaled_matmul`;
+    otherwise the weight is dequantized to the input's dtype (weight-only). Biases,
+    other parameters and buffers are untouched. The quantized weights have no
+    gradient: this is inference.
+
+    Args:
+      model: any module; its nn.Linear submodules (shared ones once) are converted.
+      config: a `lowp.InferenceConfig`, or a preset name from
+        `lowp.InferenceConfig.names()` ("float8_rowwise", "mxfp8", "nvfp4", ...).
+      filter_fn: `filter_fn(module, name) -> bool`; only linears it accepts are
+        quantized (skip, say, an lm_head whose in_features no MX block divides).
+      pad_to_16, kernel, fast_accum, strict: the weight's `LinearConfig` (see there).
+        With an explicit fp8 kernel and no padding, a layer whose K or N is not a
+        multiple of 16 is refused here, naming it.
+
+    Returns:
+      `model`, for chaining.
+
+    Raises:
+      TypeError: `config` is a training `lowp.Recipe`, or not a config at all.
+      ValueError: naming the layer, for a weight the scheme cannot quantize (a block
+        that does not divide in_features, an odd in_features for fp4, ...), or whose
+        shape an explicitly requested fp8 kernel cannot take. Nothing is skipped
+        silently: exclude such layers with `filter_fn`.
+
+    >>> import torch, lowp_torch
+    >>> model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU())
+    >>> _ = lowp_torch.quantize_(model, "float8_rowwise")
+    >>> type(model[0].weight).__name__, model(torch.zeros(2, 64)).shape
+    ('QuantizedTensor', torch.Size([2, 32]))
+    """
+    config = _inference_config(config)
+    if filter_fn is not None and not callable(filter_fn):
+        raise TypeError(f"filter_fn must be callable(module, name) -> bool, got {filter_fn!r}")
+    quantized, seen = [], set()
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear) or id(module) in seen:
+            continue
+        seen.add(id(module))
+        if filter_fn is not None and not filter_fn(module, name):
+            continue
+        weight_name = f"{name}.weight" if name else "weight"
+        linear = _config.LinearConfig(
+            activation=config.activation,
+            kernel=kernel,
+            fast_accum=fast_accum,
+            pad_to_16=pad_to_16,
+            strict=strict,
+            name=weight_name,
+        )
+        quantized.append((module, _quantize_weight(module, config, linear)))
+    # Assigned only once every layer has quantized: an error leaves the model as it was.
+    for module, weight in quantized:
+        module.weight = nn.Parameter(weight, requires_grad=False)
+    return model
+
+
+def _quantize_weight(module: nn.Linear, config, linear) -> _qtensor.QuantizedTensor:
+    weight, name = module.weight, linear.name
+    where = f"quantize_: layer {name!r} (in_features={module.in_features}, out_features={module.out_features})"
+    if isinstance(weight, _qtensor.QuantizedTensor):
+        raise TypeError(f"{where} is already quantized")
+    if linear.kernel in ("scaled_mm", "fbgemm") and not linear.pad_to_16:
+        for dim, size in (
+            ("in_features", module.in_features),
+            ("out_features", module.out_features),
+        ):
+            if size % 16:
+                raise ValueError(
+                    f"{where}: {dim}={size} is not a multiple of 16, which kernel="
+                    f"{linear.kernel!r} needs; pass pad_to_16=True (zero-pads, exact), "
+                    "kernel='auto' (emulates such layers), or skip it with filter_fn"
+                )
+    try:
+        if config.activation is not None:  # the inputs' (M, K) shape must suit it too
+            config.activation.check_shape((1, module.in_features))
+        q = _quantize.quantize(weight.detach(), config.weight, name=name)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{where}: {e}. Skip the layer with filter_fn.") from e
+    return _qtensor.replace(q, linear=linear)
+
+
+def save_quantized(model: nn.Module, path) -> None:
+    """Write `model.state_dict()` to a lowp interchange file (spec §9) with `lowp.save`.
+
+    Quantized weights become QTensors under their parameter names ("fc1.weight");
+    every other parameter and persistent buffer is a plain array of its dtype
+    (bfloat16 included). The file loads in `lowp`, `lowp_jax` and `load_quantized`.
+    The activation scheme is not part of the format: pass the config to
+    `load_quantized`.
+    """
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if isinstance(t, _qtensor.QuantizedTensor):
+            tensors[name] = _convert.to_lowp(t)
+        else:
+            tensors[name] = _to_numpy(t)
+    lowp.save(path, tensors)
+
+
+def load_quantized(
+    model: nn.Module,
+    path,
+    config: "lowp.InferenceConfig | str | None" = None,
+    *,
+    pad_to_16: bool = False,
+    kernel: str = "auto",
+    fast_accum: bool = True,
+    strict: bool = False,
+) -> nn.Module:
+    """Load a file from `save_quantized` into `model` (float or already quantized), in place.
+
+    Each QTensor entry must name an nn.Linear weight; it replaces that weight with the
+    stored codes and scales, bytes unchanged, so its dequantized values are the saved
+    ones bit for bit. Plain arrays are copied into the parameters and buffers of the
+    same name (dtype and shape must match). The file and the model must hold the same
+    names.
+
+    The interchange file records the weights, not how inputs were quantized. The
+    activation scheme comes from `config` if given (whose weight scheme must then
+    match the file's); else from the weight already in place, if `model` was
+    quantized with `quantize_`; else there is none and the layer is weight-only.
+
+    Returns:
+      `model`.
+    """
+    config = None if config is None else _inference_config(config)
+    stored = lowp.load(path)
+    state = model.state_dict(keep_vars=True)
+    missing, unexpected = sorted(set(state) - set(stored)), sorted(set(stored) - set(state))
+    if missing or unexpected:
+        raise ValueError(
+            f"load_quantized: {path}: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    modules = dict(model.named_modules())
+    for name, value in stored.items():
+        target = state[name]
+        if isinstance(value, lowp.QTensor):
+            module_name, _, attr = name.rpartition(".")
+            module = modules.get(module_name)
+            if not isinstance(module, nn.Linear) or attr != "weight":
+                raise ValueError(
+                    f"load_quantized: {path}: QTensor {name!r} is not an nn.Linear weight"
+                )
+            if tuple(value.shape) != tuple(target.shape):
+                raise ValueError(
+                    f"load_quantized: {name!r} has shape {tuple(value.shape)} in the file, "
+                    f"{tuple(target.shape)} in the model"
+                )
+            if config is not None and value.scheme != config.weight:
+                raise ValueError(
+                    f"load_quantized: {name!r} was saved with {value.scheme}, not {config.weight}"
+                )
+            if config is not None:
+                activation = config.activation
+            elif isinstance(target, _qtensor.QuantizedTensor) and target.linear is not None:
+                activation = target.linear.activation
+            else:
+                activation = None
+                _log.debug(f"load_quantized: {name}: no activation scheme given, weight-only")
+            linear = _config.LinearConfig(activation, kernel, fast_accum, pad_to_16, strict, name)
+            q = _qtensor.replace(_convert.from_lowp(value, device=target.device), linear=linear)
+            module.weight = nn.Parameter(q, requires_grad=False)
+        else:
+            if isinstance(target, _qtensor.QuantizedTensor):
+                raise TypeError(
+                    f"load_quantized: {name!r} is a plain array in {path}, quantized in the model"
+                )
+            t = _from_numpy(value)
+            if t.dtype != target.dtype or t.shape != target.shape:
+                raise ValueError(
+                    f"load_quantized: {name!r} is {t.dtype}{list(t.shape)} in the file, "
+                    f"{target.dtype}{list(target.shape)} in the model"
+                )
+            with torch.no_grad():
+                target.copy_(t)
+    return model
+
+
+def _inference_config(config) -> "lowp.InferenceConfig":
+    if isinstance(config, str):
+        return lowp.InferenceConfig.from_name(config)
+    if isinstance(config, lowp.Recipe):
+        raise TypeError(
+            f"quantize_ takes an inference config (lowp.InferenceConfig or a preset name), got the "
+            f"training recipe {config.name!r}. Training conversion is a separate lowp_torch API "
+            f"(the training issue), not built yet; for inference use "
+            f"lowp.InferenceConfig.from_name({config.name!r}) where that preset exists"
+        )
+    if not isinstance(config, lowp.InferenceConfig):
+        raise TypeError(f"expected a lowp.InferenceConfig or a preset name, got {config!r}")
+    return config
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu().contiguous()
+    if t.dtype in _BYTES_VIEWS:
+        np_dtype, int_dtype = _BYTES_VIEWS[t.dtype]
+        return t.view(int_dtype).numpy().view(np_dtype).copy()
+    return t.numpy().copy()
+
+
+def _from_numpy(a: np.ndarray) -> torch.Tensor:
+    for torch_dtype, (np_dtype, int_dtype) in _BYTES_VIEWS.items():
+        if a.dtype == np_dtype:
+            ints = np.ascontiguousarray(a).view(np.int16 if int_dtype == torch.int16 else np.uint8)
+            return torch.from_numpy(ints.copy()).view(torch_dtype)
+    return torch.from_numpy(np.array(a, copy=True))

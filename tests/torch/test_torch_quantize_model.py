@@ -1,0 +1,200 @@
+"""quantize_(model, config): every preset, rank-2/3/4 inputs, eager and compiled,
+interchange save/load, and the errors that keep a layer from being skipped silently."""
+
+import io
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import lowp
+import lowp_torch
+
+PRESETS = lowp.InferenceConfig.names()
+# torchao's inference thresholds (ANCHORS.md): float8 and mxfp8 >= 25 dB, fp4 >= 12 dB.
+MIN_SQNR = {name: 12.0 if name in ("mxfp4", "nvfp4") else 25.0 for name in PRESETS}
+INPUT_SHAPES = {"rank2": (16, 256), "rank3": (2, 8, 256), "rank4": (2, 2, 4, 256)}
+
+
+def _model(seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(256, 128), nn.GELU(), nn.Linear(128, 64, bias=False))
+    return model.to(dtype).eval()
+
+
+def _input(shape, seed=1, dtype=torch.float32):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    x[..., 0, :] = 0  # an all-zero row (token) in every batch
+    return x
+
+
+def sqnr_db(y, reference) -> float:
+    return float(20 * torch.log10(reference.norm() / (y.double() - reference.double()).norm()))
+
+
+@pytest.mark.parametrize("rank", list(INPUT_SHAPES))
+@pytest.mark.parametrize("preset", PRESETS)
+def test_quantized_linear_sqnr(preset, rank):
+    """One nn.Linear, then a two-layer MLP: output SQNR against the float model."""
+    model = _model()
+    x = _input(INPUT_SHAPES[rank])
+    with torch.no_grad():
+        reference = model(x)
+        lowp_torch.quantize_(model, preset)
+        y = model(x)
+    assert isinstance(model[0].weight, lowp_torch.QuantizedTensor)
+    assert y.shape == reference.shape and y.dtype == x.dtype
+    assert not y.isnan().any()
+    assert sqnr_db(y, reference) >= MIN_SQNR[preset] - 3  # two quantized layers, GELU between
+    first = model[0](x)
+    with torch.no_grad():
+        first_reference = nn.functional.linear(x, _model()[0].weight, _model()[0].bias)
+    assert sqnr_db(first, first_reference) >= MIN_SQNR[preset]
+    assert torch.equal(first[..., 0, :], model[0].bias.expand_as(first[..., 0, :]))  # zero row
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_compiled_model_matches_eager(preset):
+    """fullgraph: quantizing the activation, the GEMM and the bias add trace as one graph."""
+    torch.manual_seed(0)
+    model = lowp_torch.quantize_(nn.Linear(256, 64), preset)
+    x = _input(INPUT_SHAPES["rank3"])
+    with torch.no_grad():
+        eager = model(x)
+        compiled = torch.compile(model, fullgraph=True)(x)
+    assert torch.allclose(compiled, eager, rtol=1e-5, atol=1e-5), (compiled - eager).abs().max()
+
+
+def test_weight_only_multiplies_by_the_dequantized_weight():
+    model = lowp_torch.quantize_(_model(), "float8_weight_only")
+    x = _input(INPUT_SHAPES["rank2"])
+    w = model[0].weight
+    assert w.linear.activation is None and w.scheme == lowp.AxisScaling()
+    expected = nn.functional.linear(x, w.dequantize(), model[0].bias)
+    assert torch.equal(model[0](x), expected)
+
+
+def test_bfloat16_model_and_to_dtype():
+    model = lowp_torch.quantize_(_model(dtype=torch.bfloat16), "float8_rowwise")
+    x = _input(INPUT_SHAPES["rank3"], dtype=torch.bfloat16)
+    assert model(x).dtype == torch.bfloat16 and model[0].weight.dtype == torch.bfloat16
+    model.float()  # codes stay; the weights now dequantize to float32
+    assert model[0].weight.dtype == torch.float32 and model(x.float()).dtype == torch.float32
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_save_and_load_quantized_round_trip(preset, tmp_path):
+    """Into a fresh float model: bit-identical dequantized weights and the same outputs."""
+    model = lowp_torch.quantize_(_model(dtype=torch.bfloat16), preset)
+    path = tmp_path / "model.safetensors"
+    lowp_torch.save_quantized(model, path)
+    stored = lowp.load(path)
+    assert (
+        isinstance(stored["0.weight"], lowp.QTensor) and stored["0.bias"].dtype.name == "bfloat16"
+    )
+    fresh = _model(seed=7, dtype=torch.bfloat16)
+    lowp_torch.load_quantized(fresh, path, preset)
+    for name in ("0.weight", "2.weight"):
+        original, loaded = model.get_parameter(name), fresh.get_parameter(name)
+        assert loaded.scheme == original.scheme and loaded.linear == original.linear
+        assert torch.equal(
+            loaded.dequantize().view(torch.int16), original.dequantize().view(torch.int16)
+        )
+    assert torch.equal(fresh[0].bias, model[0].bias)
+    x = _input(INPUT_SHAPES["rank2"], dtype=torch.bfloat16)
+    assert torch.equal(fresh(x), model(x))
+
+
+def test_load_quantized_without_config_is_weight_only_or_keeps_the_models(tmp_path):
+    model = lowp_torch.quantize_(_model(), "float8_rowwise")
+    path = tmp_path / "m.safetensors"
+    lowp_torch.save_quantized(model, path)
+    fresh = lowp_torch.load_quantized(_model(seed=3), path)
+    assert fresh[0].weight.linear.activation is None  # the file holds no activation scheme
+    requantized = lowp_torch.quantize_(_model(seed=3), "float8_rowwise")
+    lowp_torch.load_quantized(requantized, path)
+    assert requantized[0].weight.linear.activation == lowp.AxisScaling()
+    with pytest.raises(ValueError, match="saved with AxisScaling.*not MXScaling"):
+        lowp_torch.load_quantized(_model(), path, "mxfp8")
+
+
+def test_state_dict_through_torch_save_weights_only():
+    model = lowp_torch.quantize_(_model(), "nvfp4")
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    target = lowp_torch.quantize_(_model(seed=5), "nvfp4")
+    target.load_state_dict(state)  # copy_ QuantizedTensor -> QuantizedTensor
+    x = _input(INPUT_SHAPES["rank2"])
+    assert torch.equal(target(x), model(x))
+    float_model = _model(seed=5)
+    float_model.load_state_dict(state)  # copy_ into plain parameters dequantizes
+    assert torch.equal(float_model[0].weight, model[0].weight.dequantize())
+
+
+def test_a_training_recipe_is_refused():
+    with pytest.raises(TypeError, match="training recipe 'float8_rowwise'.*not built yet"):
+        lowp_torch.quantize_(_model(), lowp.Recipe.from_name("float8_rowwise"))
+    with pytest.raises(ValueError, match="unknown inference preset"):
+        lowp_torch.quantize_(_model(), "float8_rowwsie")
+
+
+def test_unquantizable_layers_are_named_never_skipped():
+    model = nn.Sequential(nn.Linear(256, 64), nn.Linear(64, 100), nn.Linear(100, 48))
+    with pytest.raises(
+        ValueError, match=r"layer '2.weight' \(in_features=100.*block 32 does not divide.*filter_fn"
+    ):
+        lowp_torch.quantize_(model, "mxfp8")
+    assert not any(isinstance(layer.weight, lowp_torch.QuantizedTensor) for layer in model)
+    lowp_torch.quantize_(
+        model, "mxfp8", filter_fn=lambda module, name: module.in_features % 32 == 0
+    )
+    assert [type(layer.weight).__name__ for layer in model] == ["QuantizedTensor"] * 2 + [
+        "Parameter"
+    ]
+
+
+def test_an_explicit_fp8_kernel_refuses_unaligned_layers_unless_padding():
+    model = nn.Sequential(nn.Linear(256, 64), nn.Linear(64, 40))
+    with pytest.raises(
+        ValueError, match=r"layer '1.weight' .*out_features=40 is not a multiple of 16.*pad_to_16"
+    ):
+        lowp_torch.quantize_(model, "float8_rowwise", kernel="scaled_mm")
+    model = nn.Sequential(nn.Linear(256, 64), nn.Linear(64, 40))
+    lowp_torch.quantize_(model, "float8_rowwise", kernel="scaled_mm", pad_to_16=True)
+    assert model[1].weight.linear.pad_to_16 and model[1].weight.linear.kernel == "scaled_mm"
+
+
+def test_auto_logs_its_choice_per_layer(caplog):
+    model = lowp_torch.quantize_(_model(), "float8_tensorwise")
+    with caplog.at_level(logging.DEBUG, logger="lowp_torch"):
+        model(_input(INPUT_SHAPES["rank2"]))
+    assert "0.weight: kernel='emulated' because" in caplog.text
+    assert "2.weight: kernel='emulated' because" in caplog.text
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from lowp_torch import _model
+
+    assert doctest.testmod(_model).failed == 0
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA: a quantized model on the GPU"
+)
+@pytest.mark.parametrize("preset", PRESETS)
+def test_cuda_model_eager_and_compiled(preset):
+    model = _model(dtype=torch.bfloat16)
+    x = _input(INPUT_SHAPES["rank3"], dtype=torch.bfloat16).cuda()
+    with torch.no_grad():
+        reference = model.cuda()(x)
+        lowp_torch.quantize_(model, preset)
+        eager = model(x)
+        compiled = torch.compile(model)(x)
+    assert eager.dtype == torch.bfloat16 and not eager.isnan().any()
+    assert sqnr_db(eager, reference) >= MIN_SQNR[preset] - 3
+    assert sqnr_db(compiled, eager.double()) >= 40
