@@ -85,7 +85,7 @@ def kernel_used(layer, x) -> str:
     return handler.kernels[-1] if handler.kernels else "?"
 
 
-def run(args) -> dict:
+def run(args, out: pathlib.Path) -> dict:
     device = torch.device(args.device)
     shapes = SMALL_SHAPES if args.small else SHAPES
     presets = args.presets.split(",") if args.presets else list(lowp.InferenceConfig.names())
@@ -118,7 +118,14 @@ def run(args) -> dict:
                     ms = time_ms(fn, x, device, iters)
                 rows.append(_row(shape_name, (m, k, n), preset, mode, ms, bf16_ms, kernel))
                 print(_format(rows[-1]), flush=True)
+                out.write_text(
+                    json.dumps(_summary(args, device, rows), indent=1)
+                )  # a cut run keeps its rows
                 del layer, fn
+    return _summary(args, device, rows)
+
+
+def _summary(args, device, rows) -> dict:
     return {
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -171,17 +178,16 @@ def main(argv=None):
     parser.add_argument("--iters", type=int, default=0)
     parser.add_argument("--out", default="", help="JSON path (default: bench/results/...)")
     args = parser.parse_args(argv)
-    result = run(args)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    device_kind = args.device.split(":")[0]
+    out = (
+        pathlib.Path(args.out) if args.out else RESULTS / f"torch_linear_{device_kind}_{stamp}.json"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = run(args, out)
     for row in result["rows"]:
         if row["preset"] == "bf16":
             print(_format(row))
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = (
-        pathlib.Path(args.out)
-        if args.out
-        else RESULTS / f"torch_linear_{args.device.split(':')[0]}_{stamp}.json"
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
     return result

@@ -56,8 +56,10 @@ def scaled_matmul(
         listed in this module's docstring.
       out_dtype: float32, bfloat16 or float16; default a.hp_dtype (the activation's).
       bias: (N,), added in float32 before the one rounding to out_dtype (emulated), or
-        in the kernel's float32 epilogue (scaled_mm with a 16-bit output); fbgemm
-        rounds to bfloat16 first, then adds it in float32 and rounds again.
+        in the kernel's float32 epilogue as a 16-bit vector (scaled_mm tensorwise and
+        rowwise with a 16-bit output, fbgemm rowwise). Where a kernel has no bias input
+        (fbgemm's tensorwise f8f8bf16, cuBLAS block scaling, float32 output) it is added
+        in float32 to the rounded output, which rounds a second time.
       kernel: "auto", "scaled_mm", "fbgemm" or "emulated".
       fast_accum: Hopper's fast fp8 accumulation (tensorwise/rowwise kernels only).
       pad_to_16: zero-pad K and N to multiples of 16 for the fp8 kernels.
@@ -103,8 +105,10 @@ def scaled_matmul(
         return _block_scaled_mm(a, b, form, out_dtype, bias)
     elif kernel == "scaled_mm":
         a_codes, b_codes, a_scale, b_scale, n = _padded_operands(a, b, form, pad_to_16)
-        epilogue_bias = bias is not None and out_dtype != torch.float32
-        if epilogue_bias:  # _scaled_mm adds a 16-bit bias in its float32 epilogue
+        # A 16-bit bias goes to the kernel's float32 epilogue (added before the one
+        # rounding); cuBLAS's block-scaled path and a float32 output get it added after.
+        epilogue_bias = bias is not None and out_dtype != torch.float32 and form != "block"
+        if epilogue_bias:
             bias_in = F.pad(bias.to(out_dtype), (0, b_codes.shape[0] - n))
         y = torch._scaled_mm(
             a_codes,
@@ -117,7 +121,9 @@ def scaled_matmul(
             and form != "block",  # cuBLAS block scaling: exact accumulation
         )
         y = y[:, :n]
-        return y if bias is None or epilogue_bias else (y + bias.to(torch.float32)).to(out_dtype)
+        if bias is None or epilogue_bias:
+            return y
+        return (y.to(torch.float32) + bias.to(torch.float32)).to(out_dtype)
     elif kernel == "fbgemm":
         a_codes, b_codes, a_scale, b_scale, n = _padded_operands(a, b, form, pad_to_16)
         ops = torch.ops.fbgemm
@@ -141,10 +147,15 @@ def scaled_matmul(
                 b_codes,
                 a_scale.reshape(batch, -1),
                 b_scale.reshape(batch, -1),
+                bias=None
+                if bias is None
+                else F.pad(bias.to(torch.bfloat16), (0, b_codes.shape[-2] - n)),
                 use_fast_accum=fast_accum,
             )
         y = y[..., :n]
-        return y if bias is None else (y.to(torch.float32) + bias.to(torch.float32)).to(out_dtype)
+        if bias is None or form == "rowwise":
+            return y
+        return (y.to(torch.float32) + bias.to(torch.float32)).to(out_dtype)  # f8f8bf16 has no bias
     raise ValueError(f"{name}: unknown kernel {kernel!r}")
 
 
