@@ -2,12 +2,12 @@
 
 Usage (from the repository root):
 
-    PYTHONPATH=. python tests/torch/gpu_conformance.py --out DIR [--part eager|compiled|all]
+    PYTHONPATH=. python tests/torch_frontend/gpu_conformance.py --out DIR [--part eager|compiled|all]
         [--device cuda|cpu] [--time-budget SECONDS] [--shard K/N] [--quick]
 
 Runs on CUDA when it is available, else on the CPU (so it can be tried anywhere):
 
-- eager: every case of tests/torch/test_torch_conformance.py (every scheme x format x rank 1-4
+- eager: every case of tests/torch_frontend/test_torch_conformance.py (every scheme x format x rank 1-4
   x edge case x input dtype x rounding, empty tensors), then 1M random float32 inputs
   (magnitudes 1e-30 .. 1e30, per element and per 16-element run) for every rank-2
   scheme, nearest and stochastic, float32, bfloat16 and float16;
