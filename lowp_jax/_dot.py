@@ -1,0 +1,519 @@
+"""`dot_general` on quantized operands: `x @ w.T` with x (..., K) and w (N, K), lowered
+to the fastest XLA computation that keeps spec §7's bound.
+
+Every operand is brought to one layout before anything else: the contracting axis K
+last, the right operand a rank-2 (N, K) weight ("K-major", what cuBLASLt's fp8 GEMM
+reads without a transpose). A high-precision operand is quantized in that layout, so
+its groups always run along K (spec §8); a QArray must already be quantized along its
+contracting axis. Then one branch of `_forward` computes the product:
+
+- "fp8": float8 codes of tensorwise / rowwise (AxisScaling along K) operands straight
+  into `lax.dot_general(..., preferred_element_type=float32)`, which XLA on Hopper
+  rewrites into cuBLASLt's fp8 GEMM (`__cublas$lt$matmul$f8`); the float32 result is
+  multiplied by the per-tensor or per-row (M) x per-column (N) decode scales, then
+  rounded once to the output dtype. The activation is reshaped to (M, K): XLA's fp8
+  rewrite takes one non-contracting dim per operand.
+- "scaled_matmul": MX (fp8 or fp4 elements, 32-blocks) and NVFP4 operands through
+  `jax.nn.scaled_matmul`, which runs cuDNN's block-scaled GEMM on Blackwell (compute
+  capability >= 10.0, cuDNN >= 9.7). NVFP4's per-tensor scales multiply the output.
+- "dequantize": both operands dequantized to the compute dtype (bfloat16 in a bfloat16
+  model: one more rounding of each operand, within spec §7's 40 dB but not its
+  elementwise bound), then an ordinary dot accumulating in float32, as fast as the
+  high-precision model's. What the GPU runs for BlockScaling (its scales change along
+  K inside one GEMM; XLA offers no blockwise-scaled fp8 GEMM on Hopper), float6, weight-
+  only configs, and MX/NVFP4 where scaled_matmul has no kernel.
+- "emulated": dequantize to float32, dot in float32 at Precision.HIGHEST, round once.
+  Every scheme pair on every backend; what `impl="auto"` runs off the GPU.
+
+Gradients are straight-through: the derivative with respect to a high-precision
+operand is that of the dot of the dequantized operands, with the quantization taken as
+the identity (as `lowp_jax.fake_quantize` does). QArray operands get no gradient. This
+is an inference dot; the training recipes (quantized dgrad and wgrad) are not this.
+"""
+
+import dataclasses
+import functools
+import logging
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import lowp
+from lowp import _formats, _schemes
+from lowp_jax import _encode, _layouts, _qarray, _quantize
+
+logger = logging.getLogger("lowp_jax")
+
+IMPLS = ("auto", "fp8", "scaled_matmul", "dequantize", "emulated")
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Everything static about one call: hashable, a nondiff argument of the custom JVP."""
+
+    impl: str  # as requested ("auto" or a name from IMPLS)
+    lhs_scheme: lowp.Scheme | None  # the scheme a high-precision lhs is quantized with
+    rhs_scheme: lowp.Scheme | None
+    precision: object
+    out_dtype: np.dtype
+
+
+def dot_general(
+    lhs,
+    rhs,
+    dimension_numbers,
+    precision=None,
+    preferred_element_type=None,
+    *,
+    config: lowp.InferenceConfig | None = None,
+    impl: str = "auto",
+) -> jax.Array:
+    """`lax.dot_general` with quantized operands: the product of `lhs` (..., K) and a
+    rank-2 weight `rhs`, contracting one axis of each.
+
+    Args:
+      lhs: the activation, any rank >= 1: a QArray quantized along the contracting axis
+        (its last), or a float32 / bfloat16 / float16 array, quantized here with
+        `config.activation` (left in high precision when that is None: weight-only).
+      rhs: the weight, rank 2: a QArray quantized along its contracting axis, or a
+        high-precision array quantized here with `config.weight`. (N, K), contracting
+        axis 1, is the layout the fp8 GEMM reads directly; a (K, N) array (flax's
+        kernel, contracting axis 0) is transposed to (N, K) first, so its groups still
+        run along K, never along N.
+      dimension_numbers: `((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))`
+        as for `lax.dot_general`, with one contracting axis each and no batch axes.
+      precision: passed to the underlying dot ("fp8", "dequantize"). On Hopper the
+        default precision lets cuBLASLt use its fast fp8 accumulation, as spec §8's
+        forward GEMMs do; `lax.Precision.HIGHEST` asks for the exact one.
+      preferred_element_type: the output dtype; default the promotion of the operands'
+        high-precision dtypes (a QArray counts as its `hp_dtype`).
+      config: the `lowp.InferenceConfig` whose schemes quantize high-precision
+        operands; needed only when one is given.
+      impl: "auto" (the default: off the GPU "emulated"; on a GPU the first of "fp8",
+        "scaled_matmul", "dequantize" that can run, the choice and the reasons for
+        skipping the others logged at DEBUG on the "lowp_jax" logger), or one of those
+        names to force it (ValueError saying why, if it cannot run these operands).
+
+    Returns:
+      The lhs free dims followed by N, as `lax.dot_general`, in the output dtype.
+
+    Raises:
+      ValueError: naming the dim or operand: contracted sizes that differ, batch dims,
+        more than one contracting axis, an rhs not of rank 2, a QArray quantized along
+        another axis than the contracting one, a scheme that cannot quantize the
+        operand (a block that does not divide K), or an impl that cannot run.
+      TypeError: a high-precision operand and no config.
+
+    >>> import jax.numpy as jnp, lowp, lowp_jax
+    >>> x, w = jnp.ones((2, 64)), jnp.full((64, 3), 0.5)  # flax kernel layout (K, N)
+    >>> cfg = lowp.InferenceConfig.from_name("float8_rowwise")
+    >>> lowp_jax.dot_general(x, w, (((1,), (0,)), ((), ())), config=cfg).tolist()
+    [[32.0, 32.0, 32.0], [32.0, 32.0, 32.0]]
+    """
+    a, b, plan = _prepare(
+        lhs, rhs, dimension_numbers, precision, preferred_element_type, config, impl
+    )
+    return _dot(a, b, plan)
+
+
+def dot_general_impl(
+    lhs, rhs, dimension_numbers, *, config: lowp.InferenceConfig | None = None, impl: str = "auto"
+) -> tuple[str, str]:
+    """(impl, reason): which branch `dot_general` would run for these operands on the
+    default backend, and why. Arrays may be `jax.ShapeDtypeStruct`s: nothing is computed."""
+
+    def operands(lhs, rhs):
+        a, b, plan = _prepare(lhs, rhs, dimension_numbers, None, None, config, impl)
+        return _operand(a, plan.lhs_scheme), _operand(b, plan.rhs_scheme)
+
+    return _choose(*jax.eval_shape(operands, lhs, rhs), impl)
+
+
+def scaled_matmul_problem() -> str | None:
+    """Why `jax.nn.scaled_matmul` cannot run a block-scaled GEMM on the default backend,
+    or None if it can (a CUDA GPU of compute capability >= 10.0 with cuDNN >= 9.7)."""
+    device = jax.devices()[0]
+    if device.platform != "gpu" or "cuda" not in device.client.platform_version.lower():
+        return (
+            f"jax.nn.scaled_matmul has a kernel only on CUDA GPUs (cuDNN); the default "
+            f"backend is {device.platform}"
+        )
+    capability = tuple(int(p) for p in device.compute_capability.split("."))
+    if capability < (10, 0):
+        return (
+            f"cuDNN's block-scaled GEMM needs compute capability >= 10.0 (Blackwell); "
+            f"{device.device_kind} is {'.'.join(map(str, capability))}"
+        )
+    try:
+        from jax._src.lib import cuda_versions  # private: no public accessor in jax 0.10-0.11
+
+        cudnn = cuda_versions.cudnn_get_version()
+    except Exception as e:  # noqa: BLE001 - any failure means "cannot tell"
+        return f"cannot read the cuDNN version ({type(e).__name__}: {e})"
+    if cudnn < 90700:
+        return f"jax.nn.scaled_matmul needs cuDNN >= 9.7, found {cudnn}"
+    return None
+
+
+# --- the operands, in the one layout -------------------------------------------------
+
+
+def _prepare(lhs, rhs, dimension_numbers, precision, preferred_element_type, config, impl):
+    """Check everything, bring both operands to (..., K) and (N, K), build the plan."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if config is not None and not isinstance(config, lowp.InferenceConfig):
+        raise TypeError(f"config must be a lowp.InferenceConfig, got {config!r}")
+    lc, rc = _contracting_dims(dimension_numbers, _shape(lhs), _shape(rhs))
+    if isinstance(rhs, _qarray.QArray):
+        _check_quantized_along(rhs, rc, "rhs")
+        b = rhs if rc == 1 else _transpose(rhs)
+        rhs_scheme = None
+    else:
+        b = _hp(rhs, "rhs")
+        b = b if rc == 1 else b.T
+        rhs_scheme = _scheme_for(config, "weight", b.shape, "rhs")
+    if isinstance(lhs, _qarray.QArray):
+        _check_quantized_along(lhs, lc, "lhs")
+        if lc != lhs.ndim - 1:
+            raise ValueError(
+                f"lhs: a QArray lhs must contract its last axis, got axis {lc} of shape "
+                f"{lhs.shape}; quantize it with the contracting axis last"
+            )
+        a, lhs_scheme = lhs, None
+    else:
+        a = _hp(lhs, "lhs")
+        a = a if lc == a.ndim - 1 else jnp.moveaxis(a, lc, -1)
+        lhs_scheme = _scheme_for(config, "activation", a.shape, "lhs")
+    out_dtype = (
+        jnp.dtype(preferred_element_type)
+        if preferred_element_type is not None
+        else jnp.result_type(_hp_dtype(a), _hp_dtype(b))
+    )
+    return a, b, _Plan(impl, lhs_scheme, rhs_scheme, precision, np.dtype(out_dtype))
+
+
+def _contracting_dims(dimension_numbers, lhs_shape, rhs_shape) -> tuple[int, int]:
+    try:
+        (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"dimension_numbers must be ((lhs_contracting, rhs_contracting), (lhs_batch, "
+            f"rhs_batch)), got {dimension_numbers!r}"
+        ) from None
+    if tuple(lhs_batch) or tuple(rhs_batch):
+        raise ValueError(
+            f"lowp_jax.dot_general takes no batch dimensions, got lhs {tuple(lhs_batch)}, "
+            f"rhs {tuple(rhs_batch)}: vmap it over the batch instead"
+        )
+    if len(tuple(lhs_contract)) != 1 or len(tuple(rhs_contract)) != 1:
+        raise ValueError(
+            f"lowp_jax.dot_general contracts exactly one dim of each operand, got lhs "
+            f"{tuple(lhs_contract)}, rhs {tuple(rhs_contract)}"
+        )
+    if len(rhs_shape) != 2:
+        raise ValueError(
+            f"rhs must be a rank-2 weight, (N, K) or (K, N); got shape {tuple(rhs_shape)}"
+        )
+    if len(lhs_shape) < 1:
+        raise ValueError("lhs must have rank >= 1, got a scalar")
+    lc, rc = _dim(lhs_contract[0], lhs_shape, "lhs"), _dim(rhs_contract[0], rhs_shape, "rhs")
+    if lhs_shape[lc] != rhs_shape[rc]:
+        raise ValueError(
+            f"contracting dims differ: lhs dim {lc} has size {lhs_shape[lc]} (shape "
+            f"{tuple(lhs_shape)}), rhs dim {rc} has size {rhs_shape[rc]} (shape {tuple(rhs_shape)})"
+        )
+    return lc, rc
+
+
+def _dim(d, shape, name) -> int:
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not 0 <= d < len(shape):
+        raise ValueError(f"{name}: contracting dim {d!r} is out of range for shape {tuple(shape)}")
+    return int(d)
+
+
+def _shape(x) -> tuple[int, ...]:
+    return x.shape if isinstance(x, _qarray.QArray) else tuple(jnp.shape(x))
+
+
+def _hp(x, name: str):
+    if not hasattr(x, "dtype") or jnp.dtype(x.dtype).name not in ("float32", "bfloat16", "float16"):
+        raise TypeError(
+            f"{name}: expected a QArray or a float32/bfloat16/float16 array, got "
+            f"{getattr(x, 'dtype', type(x).__name__)}"
+        )
+    return x if isinstance(x, jax.Array) else jnp.asarray(x)
+
+
+def _hp_dtype(x) -> np.dtype:
+    return jnp.dtype(x.hp_dtype if isinstance(x, _qarray.QArray) else x.dtype)
+
+
+def _scheme_for(config, role: str, shape, name: str):
+    """The scheme quantizing a high-precision operand (K last), checked against its shape."""
+    if config is None:
+        raise TypeError(
+            f"{name} is a high-precision array: pass config=lowp.InferenceConfig(...) to say "
+            "how to quantize it, or pass a QArray"
+        )
+    scheme = getattr(config, role)
+    if scheme is None:
+        return None  # weight-only: the activation stays in high precision
+    if hasattr(scheme, "axis") and scheme.axis not in (-1, len(shape) - 1):
+        raise ValueError(
+            f"{name}: config.{role} = {scheme} scales along axis {scheme.axis}, but "
+            f"dot_general quantizes along the contracting axis, stored last (spec §8)"
+        )
+    try:
+        scheme.check_shape(tuple(shape))
+    except ValueError as e:
+        raise ValueError(
+            f"{name} ({role}, contracting axis last: shape {tuple(shape)}) cannot be quantized "
+            f"with {scheme}: {e}"
+        ) from None
+    return scheme
+
+
+def _quantized_axes(q: _qarray.QArray) -> tuple[int, ...] | None:
+    """The axes q's groups run along (None: all, tensorwise)."""
+    s = q.scheme
+    if isinstance(s, lowp.TensorScaling):
+        return None
+    if isinstance(s, lowp.BlockScaling):
+        return (q.ndim - 2, q.ndim - 1)
+    return (_schemes.normalize_axis(s.axis, q.ndim, s),)
+
+
+def _check_quantized_along(q: _qarray.QArray, dim: int, name: str) -> None:
+    axes = _quantized_axes(q)
+    if axes is not None and dim not in axes:
+        raise ValueError(
+            f"{name}: QArray {q.shape} is quantized along axis {axes[0]} ({q.scheme}), but "
+            f"dot_general contracts axis {dim}; quantization must run along the contracting "
+            "axis (spec §8): re-quantize the high-precision tensor"
+        )
+
+
+def _transpose(q: _qarray.QArray) -> _qarray.QArray:
+    """A rank-2 QArray quantized along axis 0, as (N, K) codes quantized along axis 1."""
+    s = q.scheme
+    if s.fmt == "float4_e2m1fn" or isinstance(s, lowp.NVFP4Scaling):
+        raise ValueError(
+            f"rhs: a (K, N) float4 QArray cannot be transposed (two codes a byte along the "
+            f"last axis, spec §5); quantize the (N, K) weight instead ({s})"
+        )
+    logger.debug(
+        "dot_general: rhs QArray stored (K, N): transposing its codes at each call; "
+        "store weights (N, K) as lowp_jax.quantize_params does"
+    )
+    if isinstance(s, lowp.TensorScaling):
+        scheme, scale = s, q.scale
+    elif isinstance(s, lowp.BlockScaling):
+        scheme, scale = dataclasses.replace(s, block=s.block[::-1]), q.scale.T
+    else:  # AxisScaling, MXScaling along axis 0
+        scheme, scale = dataclasses.replace(s, axis=-1), q.with_scale_layout("plain").scale.T
+    return _qarray.QArray(
+        codes=q.codes.T,
+        scale=scale,
+        global_scale=q.global_scale,
+        scheme=scheme,
+        shape=q.shape[::-1],
+        hp_dtype=q.hp_dtype,
+    )
+
+
+# --- choosing the branch ---------------------------------------------------------------
+
+
+def _operand(x, scheme):
+    """The operand as the dot sees it: a QArray, or a high-precision array (weight-only)."""
+    if scheme is None:
+        return x
+    return _quantize.quantize(x, scheme)
+
+
+def _problem(impl: str, a, b) -> str | None:
+    """Why `impl` cannot run operands a (..., K) and b (N, K), or None if it can."""
+    qa, qb = isinstance(a, _qarray.QArray), isinstance(b, _qarray.QArray)
+    gpu = jax.default_backend() == "gpu"
+    if impl in ("dequantize", "emulated"):
+        return None
+    if not (qa and qb):
+        return "one operand is in high precision (weight-only): nothing to feed a quantized GEMM"
+    sa, sb = a.scheme, b.scheme
+    if impl == "fp8":
+        for s in (sa, sb):
+            if isinstance(s, lowp.BlockScaling):
+                return (
+                    f"{s} scales change along K inside the GEMM, so they cannot be applied to "
+                    "its output, and XLA has no blockwise-scaled fp8 GEMM on Hopper"
+                )
+            if not isinstance(s, (lowp.TensorScaling, lowp.AxisScaling)):
+                return f"{type(s).__name__} is block-scaled (scales inside the K loop): not an fp8 GEMM"
+            if s.fmt not in _FP8:
+                return f"{s.fmt} has no fp8 GEMM"
+        if gpu and sa.fmt == sb.fmt == "float8_e5m2":
+            return "cuBLASLt's fp8 GEMM needs one e4m3 operand; both are float8_e5m2"
+        if gpu:
+            device = jax.devices()[0]
+            capability = tuple(int(p) for p in device.compute_capability.split("."))
+            if capability < (8, 9):
+                return f"fp8 GEMMs need compute capability >= 8.9, {device.device_kind} is {capability}"
+        return None
+    if impl == "scaled_matmul":
+        mx = isinstance(sa, lowp.MXScaling) and isinstance(sb, lowp.MXScaling)
+        nv = isinstance(sa, lowp.NVFP4Scaling) and isinstance(sb, lowp.NVFP4Scaling)
+        if not (mx or nv):
+            return f"jax.nn.scaled_matmul takes MX x MX or NVFP4 x NVFP4 operands, got {sa} x {sb}"
+        if mx and not (
+            sa.block == sb.block == 32
+            and (sa.fmt in _FP8 and sb.fmt in _FP8 or sa.fmt == sb.fmt == "float4_e2m1fn")
+        ):
+            return f"cuDNN's MX GEMM takes 32-blocks of fp8 x fp8 or fp4 x fp4, got {sa} x {sb}"
+        if nv and not sa.block == sb.block == 16:
+            return f"cuDNN's NVFP4 GEMM takes 16-blocks, got {sa} x {sb}"
+        return scaled_matmul_problem()
+    raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+
+
+def _choose(a, b, impl: str) -> tuple[str, str]:
+    if impl != "auto":
+        problem = _problem(impl, a, b)
+        if problem is not None:
+            raise ValueError(f"dot_general: impl={impl!r} cannot run these operands: {problem}")
+        return impl, "requested"
+    if jax.default_backend() != "gpu":
+        return "emulated", f"the {jax.default_backend()} backend has no low-precision GEMM"
+    reasons = []
+    for candidate in ("fp8", "scaled_matmul"):
+        problem = _problem(candidate, a, b)
+        if problem is None:
+            return candidate, "; ".join(reasons) or "the fastest that runs"
+        reasons.append(f"not {candidate}: {problem}")
+    return "dequantize", "; ".join(reasons)
+
+
+# --- the product -----------------------------------------------------------------------
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _dot(lhs, rhs, plan: _Plan) -> jax.Array:
+    return _forward(lhs, rhs, plan)[0]
+
+
+def _forward(lhs, rhs, plan: _Plan):
+    """(product, quantized a, quantized b) of operands already in the one layout."""
+    a, b = _operand(lhs, plan.lhs_scheme), _operand(rhs, plan.rhs_scheme)
+    impl, reason = _choose(a, b, plan.impl)
+    logger.debug(f"dot_general {_describe(a)} x {_describe(b)}: impl={impl!r} ({reason})")
+    if impl == "fp8":
+        y = _fp8_dot(a, b, plan.precision)
+    elif impl == "scaled_matmul":
+        y = _block_scaled_dot(a, b)
+    elif impl == "dequantize":
+        compute = jnp.result_type(_hp_dtype(a), _hp_dtype(b))
+        y = _kdot(_values(a, compute), _values(b, compute), plan.precision)
+    elif impl == "emulated":
+        y = _kdot(_values(a, jnp.float32), _values(b, jnp.float32), lax.Precision.HIGHEST)
+    else:
+        raise ValueError(f"unknown impl {impl!r}")
+    return y.astype(plan.out_dtype), a, b
+
+
+def _dot_jvp(plan: _Plan, primals, tangents):
+    """Straight-through: d(a·b) = da·deq(b) + deq(a)·db for high-precision a, b.
+
+    Symbolic zeros: a dot with an operand nobody differentiates is never computed."""
+    lhs, rhs = primals
+    dlhs, drhs = tangents
+    y, a, b = _forward(lhs, rhs, plan)
+    dy = jnp.zeros(y.shape, plan.out_dtype)
+    if _differentiated(lhs, dlhs):
+        dy = dy + _kdot(dlhs, _values(b, dlhs.dtype), plan.precision).astype(plan.out_dtype)
+    if _differentiated(rhs, drhs):
+        dy = dy + _kdot(_values(a, drhs.dtype), drhs, plan.precision).astype(plan.out_dtype)
+    return y, dy
+
+
+_dot.defjvp(_dot_jvp, symbolic_zeros=True)
+
+
+def _differentiated(primal, tangent) -> bool:
+    return not isinstance(primal, _qarray.QArray) and not isinstance(
+        tangent, jax.custom_derivatives.SymbolicZero
+    )
+
+
+def _kdot(a, b, precision) -> jax.Array:
+    """a (..., K) times b (N, K) contracting K, accumulated in float32."""
+    return lax.dot_general(
+        a,
+        b,
+        (((a.ndim - 1,), (1,)), ((), ())),
+        precision=precision,
+        preferred_element_type=jnp.float32,
+    )
+
+
+def _values(x, dtype) -> jax.Array:
+    """What an operand stands for, in `dtype`."""
+    if isinstance(x, _qarray.QArray):
+        return _quantize.dequantize(x, jnp.dtype(dtype).name)
+    return x.astype(dtype)
+
+
+def _fp8_dot(a: _qarray.QArray, b: _qarray.QArray, precision) -> jax.Array:
+    """fp8 codes into one 2-D dot, float32 out, then the decode scales (spec §3.1 `d`)."""
+    lead, k = a.shape[:-1], a.shape[-1]
+    acc = lax.dot_general(
+        a.codes.reshape(-1, k),
+        b.codes,
+        (((1,), (1,)), ((), ())),
+        precision=precision,
+        preferred_element_type=jnp.float32,
+    )
+    row = a.scale.reshape(-1, 1) if isinstance(a.scheme, lowp.AxisScaling) else a.scale
+    col = b.scale.reshape(1, -1) if isinstance(b.scheme, lowp.AxisScaling) else b.scale
+    return (acc * (row * col)).reshape(lead + (b.shape[0],))
+
+
+def _block_scaled_dot(a: _qarray.QArray, b: _qarray.QArray) -> jax.Array:
+    """MX / NVFP4 operands through jax.nn.scaled_matmul (cuDNN on Blackwell)."""
+    data_a, scales_a = scaled_matmul_operands(a)
+    data_b, scales_b = scaled_matmul_operands(b)
+    y = jax.nn.scaled_matmul(data_a, data_b, scales_a, scales_b, preferred_element_type=jnp.float32)
+    if a.global_scale is not None:
+        y = y * a.global_scale
+    if b.global_scale is not None:
+        y = y * b.global_scale
+    return y.reshape(a.shape[:-1] + (b.shape[0],))
+
+
+def scaled_matmul_operands(q: _qarray.QArray) -> tuple[jax.Array, jax.Array]:
+    """An MX or NVFP4 QArray (..., K) as `jax.nn.scaled_matmul`'s (1, rows, K) element
+    array (float8 codes as they are; fp4 codes unpacked to float4_e2m1fn) and
+    (1, rows, K / block) block scales (float8_e8m0fnu for MX, float8_e4m3fn for NVFP4).
+    NVFP4's global scale is not included: it multiplies the product."""
+    q = q.with_scale_layout("plain")
+    k = q.shape[-1]
+    rows = math.prod(q.shape[:-1])
+    if q.fmt == "float4_e2m1fn":
+        codes = _layouts.unpack_fp4(q.codes)
+        # Every e2m1 value is exact in float32, so this cast is exact (spec §0.5).
+        data = _encode.decode(codes, _formats.FLOAT4_E2M1FN).astype(jnp.float4_e2m1fn)
+    else:
+        data = q.codes
+    scale = q.scale
+    if isinstance(q.scheme, lowp.MXScaling):
+        scale = lax.bitcast_convert_type(scale, jnp.float8_e8m0fnu)
+    return data.reshape(1, rows, k), scale.reshape(1, rows, k // q.scheme.block)
+
+
+def _describe(x) -> str:
+    if isinstance(x, _qarray.QArray):
+        return f"{type(x.scheme).__name__}({x.fmt}){list(x.shape)}"
+    return f"{x.dtype}{list(x.shape)}"

@@ -1,0 +1,226 @@
+"""lowp_jax.dot_general: every branch against the float64 product of its dequantized
+operands (spec §7), layouts, gradients, zeros and NaN, errors.
+
+Calls are eager (quantize and dequantize are jitted inside and cached per scheme and
+shape), so the parametrized cases share compilations and stay fast on CPU.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import jax_dot_cases as C
+import ml_dtypes
+import numpy as np
+import pytest
+
+import lowp
+import lowp_jax
+
+DIMS = {rank: (((rank - 1,), (1,)), ((), ())) for rank in C.SHAPES}  # x (..., K) · w (N, K)
+ON_GPU = jax.default_backend() == "gpu"
+
+
+def _reference(x, w, config):
+    a64 = C.dequantized(x, config.activation)
+    b64 = C.dequantized(w, config.weight)
+    return a64, b64, C.exact_product(a64, b64)
+
+
+@pytest.mark.parametrize(
+    "rank, hp_dtype",
+    [(2, "float32"), (3, "float32"), (4, "float32"), (2, "bfloat16")],
+)
+@pytest.mark.parametrize("preset", C.PRESETS)
+def test_every_impl_against_the_float64_product(preset, rank, hp_dtype):
+    config = lowp.InferenceConfig.from_name(preset)
+    dtype = np.float32 if hp_dtype == "float32" else ml_dtypes.bfloat16
+    x, w = C.operands(C.SHAPES[rank], seed=rank, hp_dtype=dtype)
+    a64, b64, exact = _reference(x, w, config)
+    for impl in C.impls():
+        if not C.runs(preset, impl):
+            continue
+        y = lowp_jax.dot_general(x, w, DIMS[rank], config=config, impl=impl)
+        assert y.shape == exact.shape and y.dtype == dtype, impl
+        db = C.sqnr_db(y, exact)
+        assert db >= C.GEMM_SQNR_DB, f"{impl}: {db:.1f} dB"
+        exact_f32 = impl == "emulated" or (hp_dtype == "float32" and not ON_GPU)
+        if exact_f32:
+            # Operands exact in float32, float32 accumulation, no fast accumulation: spec
+            # §7's elementwise bound. ("dequantize" rounds operands to bfloat16 in a
+            # bfloat16 model, and GPUs accumulate fp8 fast or float32 in TF32: SQNR only.)
+            excess = np.abs(np.asarray(y, np.float64) - exact) - C.gemm_bound(
+                a64, b64, exact, dtype
+            )
+            assert excess.max() <= 0, f"{impl}: exceeds the bound by {excess.max()}"
+
+
+@pytest.mark.parametrize("preset", ["float8_rowwise", "mxfp8", "nvfp4"])
+def test_layouts_give_the_same_product(preset):
+    """(N, K) and flax's (K, N) weight, lhs contracted along another axis than the last,
+    and QArray weights in either layout: all quantize along K and agree bit for bit."""
+    config = lowp.InferenceConfig.from_name(preset)
+    x, w = C.operands(C.SHAPES[2])
+    want = lowp_jax.dot_general(x, w, DIMS[2], config=config)
+    kn = lowp_jax.dot_general(x, w.T, (((1,), (0,)), ((), ())), config=config)
+    km = lowp_jax.dot_general(x.T, w, (((0,), (1,)), ((), ())), config=config)
+    qw = lowp_jax.quantize(w, config.weight)
+    pre = lowp_jax.dot_general(x, qw, DIMS[2], config=config)
+    qx = lowp_jax.quantize(x, config.activation)
+    both = lowp_jax.dot_general(qx, qw, DIMS[2])
+    for got in (kn, km, pre, both):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    if preset == "float8_rowwise":  # a (K, N) QArray quantized along K (axis 0) is transposed
+        q_kn = lowp_jax.quantize(w.T, lowp.AxisScaling(axis=0))
+        got = lowp_jax.dot_general(x, q_kn, (((1,), (0,)), ((), ())), config=config)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("preset", C.PRESETS)
+def test_all_zero_rows_give_zeros_not_nan(preset):
+    config = lowp.InferenceConfig.from_name(preset)
+    x, w = C.operands(C.SHAPES[2])
+    x = x.at[3].set(0.0)
+    y = np.asarray(lowp_jax.dot_general(x, w, DIMS[2], config=config))
+    assert np.isfinite(y).all()
+    assert (y[3] == 0).all()
+    zero = lowp_jax.dot_general(jnp.zeros_like(x), w, DIMS[2], config=config)
+    assert (np.asarray(zero) == 0).all()
+
+
+def test_nan_poisons_only_its_rows():
+    config = lowp.InferenceConfig.from_name("float8_rowwise")
+    x, w = C.operands(C.SHAPES[2])
+    y = np.asarray(lowp_jax.dot_general(x.at[2, 7].set(jnp.nan), w, DIMS[2], config=config))
+    assert np.isnan(y[2]).all() and np.isfinite(np.delete(y, 2, axis=0)).all()
+
+
+@pytest.mark.parametrize("preset", ["float8_rowwise", "mxfp8", "float8_weight_only"])
+def test_jit_and_straight_through_gradients(preset):
+    """Under jit, d/dx of sum(x·w_q) is the dequantized weight summed over N (the input's
+    quantization passes the gradient straight through); d/dw of a weight quantized at
+    each call likewise; a QArray weight gets none."""
+    config = lowp.InferenceConfig.from_name(preset)
+    x, w = C.operands(C.SHAPES[3])
+    qw = lowp_jax.quantize(w, config.weight)
+
+    def loss(x, w):
+        return lowp_jax.dot_general(x, w, DIMS[3], config=config).sum()
+
+    gx = jax.jit(jax.grad(loss))(x, qw)
+    want = np.broadcast_to(np.asarray(qw.dequantize()).sum(0), x.shape)
+    np.testing.assert_allclose(np.asarray(gx), want, rtol=1e-6, atol=1e-6)
+    gx_hp, gw = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
+    np.testing.assert_allclose(np.asarray(gx_hp), want, rtol=1e-6, atol=1e-6)
+    xq = C.dequantized(x, config.activation).reshape(-1, C.K).sum(0)
+    np.testing.assert_allclose(np.asarray(gw), np.broadcast_to(xq, w.shape), rtol=1e-5, atol=1e-5)
+    # Jitted and eager: the same quantized operands, accumulation order left to XLA (§7).
+    y = jax.jit(lambda x: lowp_jax.dot_general(x, qw, DIMS[3], config=config))(x)
+    eager = lowp_jax.dot_general(x, qw, DIMS[3], config=config)
+    assert C.sqnr_db(y, eager) >= 100
+
+
+@pytest.mark.parametrize("preset", ["mxfp8", "mxfp4", "nvfp4"])
+def test_scaled_matmul_operands_stand_for_the_dequantized_values(preset):
+    """What jax.nn.scaled_matmul receives (checked here on any backend; the kernel itself
+    runs on Blackwell): element values times block scales times the global scales."""
+    config = lowp.InferenceConfig.from_name(preset)
+    x, _ = C.operands(C.SHAPES[3])
+    q = lowp_jax.quantize(x, config.activation)
+    data, scales = lowp_jax._dot.scaled_matmul_operands(q)
+    block = config.activation.block
+    assert data.shape == (1, 8, C.K) and scales.shape == (1, 8, C.K // block)
+    values = np.asarray(data.astype(jnp.float32), np.float64)
+    values *= np.repeat(np.asarray(scales.astype(jnp.float32), np.float64), block, axis=-1)
+    if q.global_scale is not None:
+        values *= float(q.global_scale)
+    want = np.asarray(q.dequantize("float32"), np.float64).reshape(values.shape)
+    np.testing.assert_allclose(values, want, rtol=2**-22, atol=0)
+
+
+def test_the_choice_and_its_reason():
+    config = lowp.InferenceConfig.from_name("mxfp8")
+    x, w = C.operands(C.SHAPES[2])
+    impl, reason = lowp_jax.dot_general_impl(x, w, DIMS[2], config=config)
+    if ON_GPU:
+        assert impl in ("scaled_matmul", "dequantize")
+        assert impl == "scaled_matmul" or "compute capability" in reason
+    else:
+        assert (impl, reason) == (
+            "emulated",
+            f"the {jax.default_backend()} backend has no low-precision GEMM",
+        )
+        assert "CUDA" in lowp_jax.scaled_matmul_problem()
+        with pytest.raises(ValueError, match="impl='scaled_matmul' cannot run.*CUDA"):
+            lowp_jax.dot_general(x, w, DIMS[2], config=config, impl="scaled_matmul")
+    block = lowp.InferenceConfig.from_name("float8_block")
+    with pytest.raises(ValueError, match="impl='fp8' cannot run.*BlockScaling"):
+        lowp_jax.dot_general(x, w, DIMS[2], config=block, impl="fp8")
+    weight_only = lowp.InferenceConfig.from_name("float8_weight_only")
+    with pytest.raises(ValueError, match="weight-only"):
+        lowp_jax.dot_general(x, w, DIMS[2], config=weight_only, impl="fp8")
+
+
+@functools.cache
+def _bad_calls():
+    rowwise = lowp.InferenceConfig.from_name("float8_rowwise")
+    x, w = C.operands(C.SHAPES[2])
+    qw = lowp_jax.quantize(w, rowwise.weight)
+    along_n = lowp_jax.quantize(w, lowp.AxisScaling(axis=0))
+    return [
+        (
+            "contracting dims differ: lhs dim 1 has size 256",
+            (x, w[:, :128], DIMS[2]),
+            {"config": rowwise},
+        ),
+        ("no batch dimensions", (x, w, (((1,), (1,)), ((0,), (0,)))), {"config": rowwise}),
+        (
+            "contracts exactly one dim of each operand",
+            (x, w, (((0, 1), (0, 1)), ((), ()))),
+            {"config": rowwise},
+        ),
+        (
+            "rhs must be a rank-2 weight",
+            (x, w[None], (((1,), (2,)), ((), ()))),
+            {"config": rowwise},
+        ),
+        (
+            "rhs: contracting dim 2 is out of range",
+            (x, w, (((1,), (2,)), ((), ()))),
+            {"config": rowwise},
+        ),
+        ("quantized along axis 0 .* contracts axis 1", (x, along_n, DIMS[2]), {"config": rowwise}),
+        (
+            "a QArray lhs must contract its last axis",
+            (lowp_jax.quantize(x.T, lowp.AxisScaling(axis=0)), qw, (((0,), (1,)), ((), ()))),
+            {},
+        ),
+        (
+            "block 32 does not divide axis -1 of size 48",
+            (x[:, :48], w[:, :48], DIMS[2]),
+            {"config": lowp.InferenceConfig.from_name("mxfp8")},
+        ),
+        (
+            "scales along axis 0",
+            (x, w, DIMS[2]),
+            {"config": lowp.InferenceConfig(weight=lowp.AxisScaling(axis=0))},
+        ),
+        ("impl must be one of", (x, w, DIMS[2]), {"config": rowwise, "impl": "cublas"}),
+    ]
+
+
+@pytest.mark.parametrize("index", range(10))
+def test_bad_shapes_and_arguments_raise_value_errors_naming_them(index):
+    match, args, kwargs = _bad_calls()[index]
+    with pytest.raises(ValueError, match=match):
+        lowp_jax.dot_general(*args, **kwargs)
+
+
+def test_type_errors():
+    x, w = C.operands(C.SHAPES[2])
+    with pytest.raises(TypeError, match="pass config="):
+        lowp_jax.dot_general(x, w, DIMS[2])
+    with pytest.raises(TypeError, match="float32/bfloat16/float16"):
+        lowp_jax.dot_general(
+            x.astype(jnp.int32), w, DIMS[2], config=lowp.InferenceConfig.from_name("mxfp8")
+        )
