@@ -5,24 +5,43 @@ GPU, under `jit`, with float32 arithmetic only; `dequantize` inverts it to the s
 as `lowp.dequantize`. Schemes and formats are lowp's own (`lowp.MXScaling(...)`, ...).
 
 `dot_general` multiplies quantized operands (fp8 GEMM, cuDNN block-scaled GEMM, or
-emulation).
+emulation); `QuantizedDotGeneral` / `dot_general_cls` put it into flax layers, and
+`quantize_params`, `save_quantized`, `load_quantized` convert and store trained
+parameters. The flax layers themselves are in `lowp_jax.nnx` and `lowp_jax.linen`
+(imported on first use: they need flax).
 """
+
+import importlib
 
 from lowp_jax._dot import dot_general, dot_general_impl, scaled_matmul_problem
 from lowp_jax._fake_quant import fake_quantize
+from lowp_jax._params import load_quantized, quantize_params, save_quantized
 from lowp_jax._qarray import QArray, from_lowp, to_lowp
 from lowp_jax._quantize import dequantize, quantize
+from lowp_jax._quantized_dot import QuantizedDotGeneral, dot_general_cls
 from lowp_jax._rounding import random_bits
 
 __all__ = [
     "QArray",
+    "QuantizedDotGeneral",
     "dequantize",
     "dot_general",
+    "dot_general_cls",
     "dot_general_impl",
     "fake_quantize",
     "from_lowp",
+    "load_quantized",
     "quantize",
+    "quantize_params",
     "random_bits",
+    "save_quantized",
     "scaled_matmul_problem",
     "to_lowp",
 ]
+
+
+def __getattr__(name: str):
+    # `lowp_jax.nnx` / `lowp_jax.linen` without importing flax for users who never use it.
+    if name in ("nnx", "linen"):
+        return importlib.import_module(f"lowp_jax.{name}")
+    raise AttributeError(f"module 'lowp_jax' has no attribute {name!r}")

@@ -171,6 +171,16 @@ class QArray:
 
         return _quantize.dequantize(self, out_dtype)
 
+    def __getitem__(self, index):
+        """`q[...]` is q itself: flax nnx reads a parameter as `param[...]`, so a QArray
+        kernel can sit in an `nnx.Linear`. Any other index needs values: dequantize first."""
+        if index is Ellipsis:
+            return self
+        raise TypeError(
+            f"a QArray supports only q[...] (the whole array); index its values with "
+            f"q.dequantize()[{index!r}]"
+        )
+
     def with_scale_layout(self, layout: str) -> "QArray":
         """The same array with its scales in `layout` ("plain" or "cublas_blocked")."""
         if layout == self.scale_layout:

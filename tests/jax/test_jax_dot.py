@@ -1,11 +1,13 @@
 """lowp_jax.dot_general: every branch against the float64 product of its dequantized
-operands (spec §7), layouts, gradients, zeros and NaN, errors.
+operands (spec §7), layouts, gradients, zeros and NaN, errors, and (on a GPU) the fp8
+GEMM in the compiled HLO.
 
 Calls are eager (quantize and dequantize are jitted inside and cached per scheme and
 shape), so the parametrized cases share compilations and stay fast on CPU.
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -224,3 +226,33 @@ def test_type_errors():
         lowp_jax.dot_general(
             x.astype(jnp.int32), w, DIMS[2], config=lowp.InferenceConfig.from_name("mxfp8")
         )
+
+
+_FP8_GEMM = "__cublas$lt$matmul$f8"  # XLA's kCublasLtMatmulF8CallTarget (gpu custom call)
+
+
+@pytest.mark.skipif(
+    not ON_GPU,
+    reason="needs a CUDA GPU: the fp8 GEMM is XLA's cuBLASLt rewrite of an fp8 dot on sm_89+",
+)
+@pytest.mark.parametrize("preset", ["float8_tensorwise", "float8_rowwise"])
+def test_fp8_dense_layer_compiles_to_cublaslt_fp8_gemm(preset):
+    """The compiled float8 dense layer (pre-quantized (N, K) kernel, activation quantized
+    in the same jit) calls cuBLASLt's fp8 GEMM, and no fp8 operand is transposed first."""
+    from flax import nnx
+
+    layer = lowp_jax.nnx.Linear(
+        1024, 2048, config=preset, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0)
+    )
+    nnx.update(layer, lowp_jax.quantize_params(nnx.state(layer), preset))
+    graphdef, state = nnx.split(layer)
+    x = jnp.ones((512, 1024), jnp.bfloat16)
+
+    def forward(state, x):
+        return nnx.merge(graphdef, state)(x)
+
+    hlo = jax.jit(forward).lower(state, x).compile().as_text()
+    targets = sorted(set(re.findall(r'custom_call_target="([^"]+)"', hlo)))
+    assert _FP8_GEMM in targets, f"no fp8 cuBLASLt GEMM; custom calls: {targets}"
+    transposed = re.findall(r"f8e\w+\[[\d,]+\]\{[\d,]+\} (?:transpose|copy)\(", hlo)
+    assert not transposed, f"an fp8 operand is transposed before the GEMM: {transposed}"

@@ -1,0 +1,83 @@
+"""flax linen layers on lowp_jax's quantized dot.
+
+`flax.linen.Dense(dot_general_cls=lowp_jax.dot_general_cls(config))` quantizes a
+high-precision kernel at each call. For kernels that are already QArrays (from
+`lowp_jax.quantize_params` or `lowp_jax.load_quantized`) use `Dense` here: linen's
+own Dense checks a stored parameter against the (in, out) shape it would initialize,
+which a QArray's (out, in) codes are not.
+"""
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from lowp_jax import _qarray, _quantized_dot
+
+
+def promote_dtype(*args, dtype=None, inexact=True):
+    """`flax.linen.dtypes.promote_dtype` that leaves QArrays quantized (their `hp_dtype`
+    follows the promotion)."""
+    return _quantized_dot.promote(args, dtype, inexact)
+
+
+class Dense(nn.Module):
+    """`flax.linen.Dense` whose matmul quantizes with a `lowp.InferenceConfig`.
+
+    The `kernel` parameter is (in, out) when high precision, as in nn.Dense, or a
+    QArray (out, in) put there by `lowp_jax.quantize_params`.
+
+    Attributes:
+      features: the number of output features.
+      config: the InferenceConfig or preset name.
+      impl: the `lowp_jax.dot_general` branch ("auto").
+      use_bias, dtype, param_dtype, precision, kernel_init, bias_init: as nn.Dense.
+
+    >>> import jax, jax.numpy as jnp, lowp_jax, lowp_jax.linen
+    >>> dense = lowp_jax.linen.Dense(8, config="nvfp4")
+    >>> params = lowp_jax.quantize_params(dense.init(jax.random.key(0), jnp.ones((1, 64))), "nvfp4")
+    >>> dense.apply(params, jnp.ones((2, 64))).shape
+    (2, 8)
+    """
+
+    features: int
+    config: Any
+    impl: str = "auto"
+    use_bias: bool = True
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    precision: Any = None
+    kernel_init: Any = nn.initializers.lecun_normal()
+    bias_init: Any = nn.initializers.zeros_init()
+
+    @nn.compact
+    def __call__(self, inputs: jax.Array) -> jax.Array:
+        in_features = jnp.shape(inputs)[-1]
+        kernel = (
+            self.get_variable("params", "kernel") if self.has_variable("params", "kernel") else None
+        )
+        if isinstance(kernel, _qarray.QArray):
+            if kernel.shape != (self.features, in_features):
+                raise ValueError(
+                    f"{self.path}: the QArray kernel is {kernel.shape}, expected (out, in) = "
+                    f"{(self.features, in_features)}"
+                )
+        else:
+            kernel = self.param(
+                "kernel", self.kernel_init, (in_features, self.features), self.param_dtype
+            )
+        bias = (
+            self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+            if self.use_bias
+            else None
+        )
+        inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+        dot = _quantized_dot.QuantizedDotGeneral(self.config, self.impl)
+        y = dot(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)
+        if bias is not None:
+            y += jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
+        return y
+
+
+__all__ = ["Dense", "promote_dtype"]

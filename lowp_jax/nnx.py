@@ -1,0 +1,77 @@
+"""flax nnx layers on lowp_jax's quantized dot.
+
+`Linear` is `flax.nnx.Linear` with a `QuantizedDotGeneral` and a QArray-aware
+`promote_dtype`; its kernel may be high precision (quantized at each call) or a QArray
+(out, in) from `lowp_jax.quantize_params`. `quantize_model` converts an existing model's
+`nnx.Linear` layers for inference.
+"""
+
+from flax import nnx
+
+from lowp_jax import _params, _qarray, _quantized_dot
+
+
+def promote_dtype(args, /, *, dtype=None, inexact=True):
+    """`flax.nnx.nn.dtypes.promote_dtype` that leaves QArrays quantized (their `hp_dtype`
+    follows the promotion): pass it as `nnx.Linear(promote_dtype=...)` with a QArray kernel."""
+    return _quantized_dot.promote(args, dtype, inexact)
+
+
+class Linear(nnx.Linear):
+    """`nnx.Linear` whose matmul quantizes with a `lowp.InferenceConfig`.
+
+    Args:
+      in_features, out_features: as nnx.Linear.
+      config: the InferenceConfig or preset name.
+      impl: the `lowp_jax.dot_general` branch ("auto").
+      **kwargs: the rest of nnx.Linear's arguments (use_bias, dtype, param_dtype,
+        precision, kernel_init, bias_init, rngs, ...).
+
+    The kernel is (in, out) as in nnx.Linear while it is high precision (training, or
+    quantize-per-call inference); `lowp_jax.quantize_params` of the module's state makes
+    it a QArray (out, in), which `nnx.update` puts in place.
+
+    >>> import jax.numpy as jnp, lowp_jax, lowp_jax.nnx
+    >>> from flax import nnx
+    >>> layer = lowp_jax.nnx.Linear(64, 8, config="mxfp8", rngs=nnx.Rngs(0))
+    >>> nnx.update(layer, lowp_jax.quantize_params(nnx.state(layer), "mxfp8"))
+    >>> type(layer.kernel[...]).__name__, layer(jnp.ones((2, 3, 64))).shape
+    ('QArray', (2, 3, 8))
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, config, impl="auto", **kwargs):
+        super().__init__(
+            in_features,
+            out_features,
+            dot_general=_quantized_dot.QuantizedDotGeneral(config, impl),
+            promote_dtype=promote_dtype,
+            **kwargs,
+        )
+
+
+def quantize_model(model: nnx.Module, config, filter_fn=None, *, impl: str = "auto"):
+    """A copy of `model` whose `nnx.Linear` layers run the quantized dot on QArray kernels.
+
+    The kernels are quantized by `lowp_jax.quantize_params` (with `filter_fn`); each
+    `nnx.Linear` whose kernel it quantized gets `dot_general=QuantizedDotGeneral(config,
+    impl)` and the QArray-aware `promote_dtype`. The model passed in is not changed
+    (the copy shares its other arrays).
+
+    Args:
+      model: any nnx module.
+      config: a `lowp.InferenceConfig` or preset name.
+      filter_fn: as for `quantize_params`: `filter_fn(path, kernel) -> bool`.
+      impl: the `lowp_jax.dot_general` branch.
+    """
+    config = _quantized_dot.as_config(config)
+    graphdef, state = nnx.split(model)
+    quantized = nnx.merge(graphdef, _params.quantize_params(state, config, filter_fn))
+    dot = _quantized_dot.QuantizedDotGeneral(config, impl)
+    for _, node in nnx.iter_graph(quantized):
+        if isinstance(node, nnx.Linear) and isinstance(node.kernel[...], _qarray.QArray):
+            node.dot_general = dot
+            node.promote_dtype = promote_dtype
+    return quantized
+
+
+__all__ = ["Linear", "promote_dtype", "quantize_model"]
