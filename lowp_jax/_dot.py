@@ -138,12 +138,12 @@ def scaled_matmul_problem() -> str | None:
     """Why `jax.nn.scaled_matmul` cannot run a block-scaled GEMM on the default backend,
     or None if it can (a CUDA GPU of compute capability >= 10.0 with cuDNN >= 9.7)."""
     device = jax.devices()[0]
-    if device.platform != "gpu" or "cuda" not in device.client.platform_version.lower():
+    capability = _cuda_capability(device)
+    if capability is None:
         return (
             f"jax.nn.scaled_matmul has a kernel only on CUDA GPUs (cuDNN); the default "
-            f"backend is {device.platform}"
+            f"device is {device.platform} ({device.device_kind})"
         )
-    capability = tuple(int(p) for p in device.compute_capability.split("."))
     if capability < (10, 0):
         return (
             f"cuDNN's block-scaled GEMM needs compute capability >= 10.0 (Blackwell); "
@@ -158,6 +158,18 @@ def scaled_matmul_problem() -> str | None:
     if cudnn < 90700:
         return f"jax.nn.scaled_matmul needs cuDNN >= 9.7, found {cudnn}"
     return None
+
+
+def _cuda_capability(device) -> tuple[int, ...] | None:
+    """(major, minor) of a CUDA device, None for any other (CPU, ROCm, TPU)."""
+    if device.platform != "gpu":
+        return None
+    if "rocm" in str(getattr(device.client, "platform_version", "")).lower():
+        return None
+    try:
+        return tuple(int(p) for p in str(device.compute_capability).split("."))
+    except (AttributeError, ValueError):
+        return None
 
 
 # --- the operands, in the one layout -------------------------------------------------
@@ -234,9 +246,9 @@ def _problem(impl: str, a, b) -> str | None:
             return "cuBLASLt's fp8 GEMM needs one e4m3 operand; both are float8_e5m2"
         if gpu:
             device = jax.devices()[0]
-            capability = tuple(int(p) for p in device.compute_capability.split("."))
-            if capability < (8, 9):
-                return f"fp8 GEMMs need compute capability >= 8.9, {device.device_kind} is {capability}"
+            capability = _cuda_capability(device)
+            if capability is None or capability < (8, 9):
+                return f"XLA's fp8 GEMM needs a CUDA GPU of compute capability >= 8.9, not {device.device_kind}"
         return None
     if impl == "scaled_matmul":
         mx = isinstance(sa, lowp.MXScaling) and isinstance(sb, lowp.MXScaling)

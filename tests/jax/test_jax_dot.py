@@ -29,11 +29,14 @@ def _reference(x, w, config):
     return a64, b64, C.exact_product(a64, b64)
 
 
-@pytest.mark.parametrize(
-    "rank, hp_dtype",
-    [(2, "float32"), (3, "float32"), (4, "float32"), (2, "bfloat16")],
-)
-@pytest.mark.parametrize("preset", C.PRESETS)
+# Every preset at rank 2-4 in float32; bfloat16 operands for one preset of each kind of
+# GEMM (fp8, block-scaled, dequantized), to keep the CPU run short.
+CASES = [(p, rank, "float32") for p in C.PRESETS for rank in (2, 3, 4)] + [
+    (p, 2, "bfloat16") for p in ("float8_rowwise", "float8_block", "nvfp4")
+]
+
+
+@pytest.mark.parametrize("preset, rank, hp_dtype", CASES)
 def test_every_impl_against_the_float64_product(preset, rank, hp_dtype):
     config = lowp.InferenceConfig.from_name(preset)
     dtype = np.float32 if hp_dtype == "float32" else ml_dtypes.bfloat16
