@@ -197,4 +197,8 @@ def test_cuda_model_eager_and_compiled(preset):
         compiled = torch.compile(model)(x)
     assert eager.dtype == torch.bfloat16 and not eager.isnan().any()
     assert sqnr_db(eager, reference) >= MIN_SQNR[preset] - 3
-    assert sqnr_db(compiled, eager.double()) >= 40
+    # Compiled and eager bf16 models are different programs outside the quantized GEMMs
+    # (Inductor computes fused bf16 pointwise ops in float32), so a later layer's fp8
+    # codes can flip: on the H200 compiled vs eager measured 33-39 dB. The contract is
+    # fidelity to the high-precision model, in both modes.
+    assert sqnr_db(compiled, reference) >= MIN_SQNR[preset] - 3
