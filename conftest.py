@@ -2,7 +2,7 @@
 
 `python -m pytest` collects doctests from lowp_torch/ and lowp_jax/ (pyproject
 testpaths); on a machine without torch or jax those packages cannot import, so their
-files are left out here, the same way tests/torch_frontend and tests/jax skip themselves.
+files are left out here, the same way tests/torch_frontend and tests/jax_frontend skip themselves.
 """
 
 import importlib.util

@@ -36,7 +36,7 @@ THIS_IS_A_TEST = [
 
 
 def _importorskip(name: str):
-    # tests/torch and tests/jax are folders too: with tests/ on sys.path and the framework
+    # tests/torch and tests/jax_frontend are folders too: with tests/ on sys.path and the framework
     # missing, `import torch` would find that folder as a namespace package. A real
     # framework has a file origin.
     spec = importlib.util.find_spec(name)

@@ -9,7 +9,7 @@ On a mismatch the message names the first differing element, its input float32 b
 and both outputs.
 
 (Named test_torch_conformance.py, not test_conformance.py: pytest's default import mode
-imports test files by basename, and tests/jax/ has a test_conformance.py.)
+imports test files by basename, and tests/jax_frontend/ has a test_conformance.py.)
 """
 
 import contextlib

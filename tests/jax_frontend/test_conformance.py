@@ -1,7 +1,7 @@
 """lowp_jax against lowp, byte for byte, under jit (tier (a) of STYLE §7).
 
 Every scheme x element format x rank 1-4, on the edge cases of spec §6 and the rounding
-edges (tests/jax/jax_cases.py), for float32, bfloat16 and float16 inputs, nearest and
+edges (tests/jax_frontend/jax_cases.py), for float32, bfloat16 and float16 inputs, nearest and
 stochastic rounding: the codes, scales and global scale of `to_lowp(jit(quantize)(x))`
 equal `lowp.quantize(x)`'s, and the dequantized float32/bfloat16/float16 outputs equal
 `lowp.dequantize`'s bit for bit. A failure names the case, the first differing element,

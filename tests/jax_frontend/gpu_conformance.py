@@ -1,6 +1,6 @@
 """lowp_jax against lowp, byte for byte, on whatever device jax picks (the GPU there).
 
-    PYTHONPATH=. python tests/jax/gpu_conformance.py --out DIR [--quick]
+    PYTHONPATH=. python tests/jax_frontend/gpu_conformance.py --out DIR [--quick]
 
 Runs, on jax's default device:
   1. the exact divide `div_rn` on 1M pairs (random, subnormal/overflow boundaries) and the
@@ -9,7 +9,7 @@ Runs, on jax's default device:
   2. 1M random float32 inputs per scheme (default block sizes) with magnitudes over the
      whole float32 range, many groups each, so the scale divisions see every exponent;
      plus stochastic rounding on a few of them;
-  3. the CPU suite's grid (tests/jax/test_conformance.py): every scheme x format x rank
+  3. the CPU suite's grid (tests/jax_frontend/test_conformance.py): every scheme x format x rank
      1-4 on the spec §6 edge cases, bfloat16/float16 inputs, stochastic rounding.
 Writes DIR/jax_gpu_conformance.json (after each part, so a run cut short still reports)
 and exits 1 on any mismatch of lowp_jax, or when a --time-limit cut the grid short (the
