@@ -16,7 +16,15 @@ def _installed(name: str) -> bool:
     return spec is not None and spec.origin is not None  # not a bare namespace folder
 
 
-_MISSING = [_ROOT / pkg for pkg, framework in (("lowp_torch", "torch"), ("lowp_jax", "jax")) if not _installed(framework)]
+# Paths whose import needs a framework: the frontends, and lowp_jax's flax modules.
+_NEEDS = (
+    ("lowp_torch", "torch"),
+    ("lowp_jax", "jax"),
+    ("lowp_jax/nnx.py", "flax"),
+    ("lowp_jax/linen.py", "flax"),
+    ("lowp_jax/models", "flax"),
+)
+_MISSING = [_ROOT / path for path, framework in _NEEDS if not _installed(framework)]
 
 
 def pytest_ignore_collect(collection_path: pathlib.Path, config):

@@ -198,10 +198,14 @@ class QArray:
         return dataclasses.replace(self, scale=scale, scale_layout=layout)
 
     def __repr__(self):
+        def leaf(value):  # after jax.tree.map the leaves may be anything (None, a spec, ...)
+            if hasattr(value, "dtype") and hasattr(value, "shape"):
+                return f"{value.dtype}{list(value.shape)}"
+            return repr(value)
+
         return (
             f"QArray(shape={self.shape}, hp_dtype={self.hp_dtype!r}, scheme={self.scheme}, "
-            f"codes={self.codes.dtype}{list(self.codes.shape)}, "
-            f"scale={self.scale.dtype}{list(self.scale.shape)}, scale_layout={self.scale_layout!r})"
+            f"codes={leaf(self.codes)}, scale={leaf(self.scale)}, scale_layout={self.scale_layout!r})"
         )
 
 

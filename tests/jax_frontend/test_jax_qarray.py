@@ -329,3 +329,9 @@ def test_vmap_with_one_seed_repeats_the_bits_and_batched_seeds_do_not():
     for i in range(3):
         want = lowp.quantize(np.asarray(x[i]), scheme, rounding="stochastic", seed=i)
         np.testing.assert_array_equal(codes(batched)[i], want.codes)
+
+
+def test_repr_survives_a_tree_map_that_replaces_the_leaves():
+    q = lowp_jax.quantize(np.ones((2, 32), np.float32), lowp.MXScaling())
+    shapes = jax.tree_util.tree_map(lambda v: v.shape, q)
+    assert "codes=(2, 32)" in repr(shapes) and "scale=(2, 1)" in repr(shapes)
