@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,21 +39,11 @@ class QTensor:
     scale_layout: str = "plain"
 
     def __post_init__(self):
-        _schemes.check_scheme(self.scheme)
-        if not isinstance(self.shape, tuple) or not all(
-            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in self.shape
-        ):
-            raise ValueError(f"QTensor.shape must be a tuple of non-negative ints, got {self.shape!r}")
-        self.scheme.check_shape(self.shape)
-        if self.hp_dtype not in HP_DTYPES:
-            raise ValueError(f"QTensor.hp_dtype must be one of {HP_DTYPES}, got {self.hp_dtype!r}")
-        _expect_array("codes", self.codes, np.uint8, codes_shape(self.scheme, self.shape))
-        scale_dtype = np.float32 if _schemes.scale_format(self.scheme) == "float32" else np.uint8
-        _expect_array(
-            "scale", self.scale, scale_dtype, stored_scale_shape(self.scheme, self.shape, self.scale_layout)
-        )
-        wants_global = isinstance(self.scheme, _schemes.NVFP4Scaling) and self.scheme.global_scale
-        if wants_global:
+        layout = check_layout("QTensor", self.scheme, self.shape, self.hp_dtype, self.scale_layout)
+        _expect_array("codes", self.codes, np.uint8, layout.codes_shape)
+        scale_dtype = np.float32 if layout.scale_format == "float32" else np.uint8
+        _expect_array("scale", self.scale, scale_dtype, layout.scale_shape)
+        if layout.has_global_scale:
             _expect_array("global_scale", self.global_scale, np.float32, ())
         elif self.global_scale is not None:
             raise ValueError(f"QTensor.global_scale must be None for {self.scheme}")
@@ -95,6 +86,37 @@ class QTensor:
             f"codes={self.codes.dtype}{list(self.codes.shape)}, "
             f"scale={self.scale.dtype}{list(self.scale.shape)}, scale_layout={self.scale_layout!r})"
         )
+
+
+class StoredLayout(NamedTuple):
+    """What a quantized tensor's arrays must look like, whatever the framework."""
+
+    codes_shape: tuple[int, ...]
+    scale_shape: tuple[int, ...]
+    scale_format: str  # "float32", "float8_e8m0fnu" or "float8_e4m3fn"
+    has_global_scale: bool
+
+
+def check_layout(owner: str, scheme, shape, hp_dtype, scale_layout) -> StoredLayout:
+    """Validate a quantized tensor's metadata and give the shapes its arrays must have.
+
+    Shared by lowp.QTensor and the frontends' quantized types, so every backend refuses
+    the same inconsistent tensors with the same messages (`owner` names the type).
+    """
+    _schemes.check_scheme(scheme)
+    if not isinstance(shape, tuple) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
+    ):
+        raise ValueError(f"{owner}.shape must be a tuple of non-negative ints, got {shape!r}")
+    scheme.check_shape(shape)
+    if hp_dtype not in HP_DTYPES:
+        raise ValueError(f"{owner}.hp_dtype must be one of {HP_DTYPES}, got {hp_dtype!r}")
+    return StoredLayout(
+        codes_shape=codes_shape(scheme, shape),
+        scale_shape=stored_scale_shape(scheme, shape, scale_layout),
+        scale_format=_schemes.scale_format(scheme),
+        has_global_scale=isinstance(scheme, _schemes.NVFP4Scaling) and scheme.global_scale,
+    )
 
 
 def codes_shape(scheme: _schemes.Scheme, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -108,27 +108,10 @@ class QArray:
     scale_layout: str = "plain"
 
     def __post_init__(self):
-        _schemes.check_scheme(self.scheme)
-        if not isinstance(self.shape, tuple) or not all(
-            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in self.shape
-        ):
-            raise ValueError(
-                f"QArray.shape must be a tuple of non-negative ints, got {self.shape!r}"
-            )
-        self.scheme.check_shape(self.shape)
-        if self.hp_dtype not in _qtensor.HP_DTYPES:
-            raise ValueError(
-                f"QArray.hp_dtype must be one of {_qtensor.HP_DTYPES}, got {self.hp_dtype!r}"
-            )
-        _expect(
-            "codes",
-            self.codes,
-            _STORAGE[self.scheme.fmt],
-            _qtensor.codes_shape(self.scheme, self.shape),
-        )
-        scale_shape = _qtensor.stored_scale_shape(self.scheme, self.shape, self.scale_layout)
-        _expect("scale", self.scale, _STORAGE[_schemes.scale_format(self.scheme)], scale_shape)
-        if isinstance(self.scheme, lowp.NVFP4Scaling) and self.scheme.global_scale:
+        layout = _qtensor.check_layout("QArray", self.scheme, self.shape, self.hp_dtype, self.scale_layout)
+        _expect("codes", self.codes, _STORAGE[self.scheme.fmt], layout.codes_shape)
+        _expect("scale", self.scale, _STORAGE[layout.scale_format], layout.scale_shape)
+        if layout.has_global_scale:
             _expect("global_scale", self.global_scale, jnp.float32, ())
         elif self.global_scale is not None:
             raise ValueError(f"QArray.global_scale must be None for {self.scheme}")
