@@ -43,20 +43,11 @@ def _hp_input(x, name: str) -> tuple[np.ndarray, str]:
 
 def _random_for(x: np.ndarray, rounding, random_bits, seed, offset, name) -> np.ndarray | None:
     """The uint32 per element that stochastic rounding consumes, or None for nearest."""
-    if rounding not in _rounding.ROUNDINGS:
-        raise ValueError(f"rounding must be one of {_rounding.ROUNDINGS}, got {rounding!r}")
-    if rounding == "nearest":
-        if random_bits is not None or seed is not None or offset != 0:
-            raise ValueError(
-                f"{name}: random_bits, seed and offset apply to rounding='stochastic' only"
-            )
+    source = _rounding.random_source(rounding, random_bits, seed, offset == 0, name)
+    if source == "none":
         return None
-    if (random_bits is None) == (seed is None):
-        raise ValueError(f"{name}: rounding='stochastic' needs exactly one of random_bits or seed")
-    if seed is not None:
+    if source == "seed":
         return _rounding.random_bits(seed, x.shape, offset)
-    if offset != 0:
-        raise ValueError(f"{name}: offset goes with seed, not with explicit random_bits")
     if not isinstance(random_bits, np.ndarray) or random_bits.dtype != np.uint32:
         raise TypeError(f"{name}: random_bits must be a uint32 numpy array, got {random_bits!r:.80}")
     if random_bits.shape != x.shape:

@@ -62,3 +62,26 @@ def round_elements(v: np.ndarray, fmt: _formats.Format, random: np.ndarray | Non
     q = np.multiply(n + up.astype(np.float32), _bits.pow2(e - fmt.mbits), dtype=np.float32)
     q = np.minimum(q, np.float32(fmt.max))
     return _formats.encode(_bits.from_bits(_bits.bits(q) | sign), fmt)
+
+
+def random_source(rounding: str, random_bits, seed, offset_is_zero: bool, name: str) -> str:
+    """Which random bits the element step uses: "none" (nearest), "seed" or "bits".
+
+    The argument rules of spec §4, shared by every backend so they refuse the same
+    calls with the same messages; each backend then checks the bits' dtype, shape and
+    device itself. `offset_is_zero` is passed in because a frontend's offset may be a
+    traced value.
+    """
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    if rounding == "nearest":
+        if random_bits is not None or seed is not None or not offset_is_zero:
+            raise ValueError(f"{name}: random_bits, seed and offset apply to rounding='stochastic' only")
+        return "none"
+    if (random_bits is None) == (seed is None):
+        raise ValueError(f"{name}: rounding='stochastic' needs exactly one of random_bits or seed")
+    if seed is not None:
+        return "seed"
+    if not offset_is_zero:
+        raise ValueError(f"{name}: offset goes with seed, not with explicit random_bits")
+    return "bits"

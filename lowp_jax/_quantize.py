@@ -58,24 +58,15 @@ def _is_zero_int(value) -> bool:
 def _rounding_args(shape, rounding, random_bits, seed, offset, name):
     """Validated (random_bits, seed, offset) for the jitted core: all None for nearest;
     explicit bits, or the seed and offset as uint32 scalars, for stochastic."""
-    if rounding not in _rounding.ROUNDINGS:
-        raise ValueError(f"rounding must be one of {_rounding.ROUNDINGS}, got {rounding!r}")
-    if rounding == "nearest":
-        if random_bits is not None or seed is not None or not _is_zero_int(offset):
-            raise ValueError(
-                f"{name}: random_bits, seed and offset apply to rounding='stochastic' only"
-            )
+    source = _rounding.random_source(rounding, random_bits, seed, _is_zero_int(offset), name)
+    if source == "none":
         return None, None, None
-    if (random_bits is None) == (seed is None):
-        raise ValueError(f"{name}: rounding='stochastic' needs exactly one of random_bits or seed")
-    if seed is not None:
+    if source == "seed":
         return (
             None,
             _jax_rounding.as_uint32(seed, "seed"),
             _jax_rounding.as_uint32(offset, "offset"),
         )
-    if not _is_zero_int(offset):
-        raise ValueError(f"{name}: offset goes with seed, not with explicit random_bits")
     if not isinstance(random_bits, (jax.Array, np.ndarray)) or random_bits.dtype != np.uint32:
         raise TypeError(f"{name}: random_bits must be a uint32 array, got {random_bits!r:.80}")
     if tuple(random_bits.shape) != tuple(shape):

@@ -43,20 +43,11 @@ def _hp_input(t, name: str) -> torch.Tensor:
 
 def _random_for(t, rounding, random_bits, seed, offset, name) -> torch.Tensor | None:
     """The uint32 (in int64) per element that stochastic rounding consumes, or None."""
-    if rounding not in _lowp_rounding.ROUNDINGS:
-        raise ValueError(f"rounding must be one of {_lowp_rounding.ROUNDINGS}, got {rounding!r}")
-    if rounding == "nearest":
-        if random_bits is not None or seed is not None or offset != 0:
-            raise ValueError(
-                f"{name}: random_bits, seed and offset apply to rounding='stochastic' only"
-            )
+    source = _lowp_rounding.random_source(rounding, random_bits, seed, offset == 0, name)
+    if source == "none":
         return None
-    if (random_bits is None) == (seed is None):
-        raise ValueError(f"{name}: rounding='stochastic' needs exactly one of random_bits or seed")
-    if seed is not None:
+    if source == "seed":
         return _rounding.random_bits(seed, tuple(t.shape), offset, device=t.device)
-    if offset != 0:
-        raise ValueError(f"{name}: offset goes with seed, not with explicit random_bits")
     if not isinstance(random_bits, torch.Tensor) or random_bits.dtype not in (
         torch.uint32,
         torch.int64,
