@@ -9,21 +9,34 @@ emulation); `QuantizedDotGeneral` / `dot_general_cls` put it into flax layers, a
 `quantize_params`, `save_quantized`, `load_quantized` convert and store trained
 parameters. The flax layers themselves are in `lowp_jax.nnx` and `lowp_jax.linen`
 (imported on first use: they need flax).
+
+Training (spec §8): `training_dot_general` runs a `lowp.Recipe`'s forward, dgrad and
+wgrad GEMMs on operands quantized at each call (a `jax.custom_vjp`, stateless);
+`TrainingDotGeneral` / `training_dot_general_cls` put it into flax layers,
+`training_operands` returns the quantized operands of every GEMM, and `to_inference`
+turns the trained parameters or nnx model into the `quantize_params` form.
 """
 
 import importlib
 
 from lowp_jax._dot import dot_general, dot_general_impl, scaled_matmul_problem
 from lowp_jax._fake_quant import fake_quantize
-from lowp_jax._params import load_quantized, quantize_params, save_quantized
+from lowp_jax._params import load_quantized, quantize_params, save_quantized, to_inference
 from lowp_jax._qarray import QArray, from_lowp, to_lowp
 from lowp_jax._quantize import dequantize, quantize
 from lowp_jax._quantized_dot import QuantizedDotGeneral, dot_general_cls
 from lowp_jax._rounding import random_bits
+from lowp_jax._training import (
+    TrainingDotGeneral,
+    training_dot_general,
+    training_dot_general_cls,
+    training_operands,
+)
 
 __all__ = [
     "QArray",
     "QuantizedDotGeneral",
+    "TrainingDotGeneral",
     "dequantize",
     "dot_general",
     "dot_general_cls",
@@ -36,7 +49,11 @@ __all__ = [
     "random_bits",
     "save_quantized",
     "scaled_matmul_problem",
+    "to_inference",
     "to_lowp",
+    "training_dot_general",
+    "training_dot_general_cls",
+    "training_operands",
 ]
 
 

@@ -57,6 +57,40 @@ def quantize_params(params, config, filter_fn=None):
     return rebuild(values)
 
 
+def to_inference(trained, config, filter_fn=None, *, impl: str = "auto"):
+    """A model or parameter tree trained with a recipe, in the form inference runs.
+
+    Training leaves no state besides the parameters (current scaling keeps no amax
+    history), so this is `quantize_params` of the trained high-precision kernels, and for
+    an nnx model `lowp_jax.nnx.quantize_model`, which also swaps each quantized layer's
+    dot (a `TrainingDotGeneral`, say) for a `QuantizedDotGeneral`.
+
+    Args:
+      trained: an nnx State, a linen params dict, or an nnx Module.
+      config: a `lowp.InferenceConfig` or a preset name (`lowp.InferenceConfig.names()`).
+      filter_fn: `filter_fn(path, kernel) -> bool` choosing the kernels to quantize, as
+        for `quantize_params`. Default: all of them.
+      impl: the `lowp_jax.dot_general` branch of an nnx model's quantized layers.
+
+    Returns:
+      For a tree, what `quantize_params(trained, config, filter_fn)` returns: kernels
+      as QArrays (out, in), bit-identical to a fresh `quantize_params`. For an nnx model,
+      a converted copy (the trained model is left as it is).
+
+    >>> import jax, jax.numpy as jnp, flax.linen as nn, lowp_jax
+    >>> dense = nn.Dense(8, dot_general_cls=lowp_jax.training_dot_general_cls("mxfp8"))
+    >>> params = dense.init(jax.random.key(0), jnp.ones((1, 64)))
+    >>> lowp_jax.to_inference(params, "mxfp8")["params"]["kernel"].shape
+    (8, 64)
+    """
+    nnx = _nnx()
+    if nnx is not None and isinstance(trained, nnx.Module):
+        from lowp_jax import nnx as lowp_nnx
+
+        return lowp_nnx.quantize_model(trained, config, filter_fn, impl=impl)
+    return quantize_params(trained, config, filter_fn)
+
+
 def is_kernel(path: tuple, value) -> bool:
     """A Dense/Linear kernel: a rank-2 leaf named `kernel` (a QArray one included)."""
     return bool(path) and path[-1] == "kernel" and len(getattr(value, "shape", ())) == 2
@@ -186,10 +220,8 @@ def _numpy(value, name: str) -> np.ndarray:
 def _flatten(params):
     """[(path, leaf)] of a parameter tree (QArrays as leaves; paths as tuples of str and
     int) and a function rebuilding the tree from new leaves in the same order."""
-    state_type = _nnx_state_type()
-    if state_type is not None and isinstance(params, state_type):
-        from flax import nnx
-
+    nnx = _nnx()
+    if nnx is not None and isinstance(params, nnx.State):
         flat = list(nnx.to_flat_state(params))
         items = [(tuple(p), _variable_value(v)) for p, v in flat]
 
@@ -216,12 +248,13 @@ def _variable_value(variable):
     return getattr(variable, "value", variable)
 
 
-def _nnx_state_type():
+def _nnx():
+    """flax.nnx, or None where flax is absent (it is optional: then no nnx tree can come)."""
     try:
         from flax import nnx
-    except ImportError:  # flax is optional: then there is no nnx State to meet
+    except ImportError:
         return None
-    return nnx.State
+    return nnx
 
 
 def _key(k):

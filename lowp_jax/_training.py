@@ -1,0 +1,414 @@
+"""Training recipes (spec §8) as a `jax.custom_vjp` dot_general: `y = x @ w.T` whose
+forward, dgrad and wgrad GEMMs each run on operands quantized as a `lowp.Recipe` says.
+
+With x: (M, K) (the input's leading dims flattened into M), w: (N, K), g = dL/dy: (M, N),
+every GEMM is `a @ b.T` with both operands quantized along their last axis, the GEMM's
+reduction axis (lowp/_recipes.py):
+
+  forward  y  = x @ w.T     a = x   (M, K)   b = w   (N, K)   along K
+  dgrad    dx = g @ w       a = g   (M, N)   b = w.T (K, N)   along N
+  wgrad    dw = g.T @ x     a = g.T (N, M)   b = x.T (K, M)   along M
+
+Current scaling, stateless: every scale comes from the tensor it scales, in the same
+call. There is no amax history or other state to carry, checkpoint, shard or overwrite
+with a gradient (the trick delayed scaling needs), so the dot is a pure function and
+composes with `jit`, `grad`, `lax.scan`, gradient accumulation and sharding as any is.
+
+Residuals: the forward keeps the high-precision x and w, and the backward re-quantizes
+each along its own reduction axis (spec §8: never from another orientation's codes).
+A tensor that every backward GEMM reads tensorwise with its forward scheme is kept as
+its forward codes instead, one byte an element, and transposed: a tensorwise scale
+does not care about orientation (`GemmSpec.reusable_codes`). The incoming gradient's
+codes are shared between dgrad and wgrad the same way.
+
+Fast accumulation: XLA picks a GEMM's accumulation from the dot's precision config.
+Its cuBLASLt fp8 GEMM sets CUBLASLT_MATMUL_DESC_FAST_ACCUM exactly when the dot's
+precision is DEFAULT (xla/stream_executor/cuda/cuda_blas_lt.cc, `IsFastAccumEnabled`),
+so a GEMM with `fast_accum` runs at `lax.Precision.DEFAULT` and the others at
+`lax.Precision.HIGHEST`. Off the GPU (impl "emulated") every quantized GEMM is an exact
+float32 product of the dequantized operands. High-precision GEMMs (the `_gw_hp`
+recipes' wgrad) run at the caller's `precision`, as the unquantized layer would.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import lowp
+from lowp_jax import _dot, _qarray, _quantize, _quantized_dot
+from lowp_jax import _dot_operands as _operands
+
+_A_BT = (((1,), (1,)), ((), ()))  # a @ b.T for rank-2 a, b: contract the last axes
+_DIM_NAMES = {"forward": "K", "dgrad": "N", "wgrad": "M"}
+
+
+def as_recipe(recipe) -> lowp.Recipe:
+    """A `lowp.Recipe` from itself or a recipe name; TypeError otherwise."""
+    if isinstance(recipe, str):
+        return lowp.Recipe.from_name(recipe)
+    if not isinstance(recipe, lowp.Recipe):
+        raise TypeError(
+            f"expected a lowp.Recipe or a recipe name {lowp.Recipe.names()}, got {recipe!r}"
+        )
+    return recipe
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What is static about one call: hashable, the nondiff argument of the custom VJP."""
+
+    recipe: lowp.Recipe
+    impl: str
+    precision: object  # the caller's, for high-precision GEMMs
+    out_dtype: np.dtype
+    input_shape: tuple[int, ...]  # lhs as passed, for errors about M
+
+
+def training_dot_general(
+    lhs,
+    rhs,
+    dimension_numbers,
+    precision=None,
+    preferred_element_type=None,
+    *,
+    recipe,
+    impl: str = "auto",
+) -> jax.Array:
+    """`lax.dot_general` of an activation and a weight whose forward and backward GEMMs
+    run quantized with a training recipe (spec §8).
+
+    Args:
+      lhs: the activation x, float32 / bfloat16 / float16, any rank >= 1; its leading
+        dims are flattened into M (the tokens) for the backward GEMMs.
+      rhs: the weight, rank 2: (N, K) contracting axis 1, or flax's kernel (K, N)
+        contracting axis 0 (its gradient comes back in the same layout).
+      dimension_numbers: `((lhs_contracting, rhs_contracting), ((), ()))`: one
+        contracting axis each, no batch axes (flax's Dense/Linear pass
+        `(((x.ndim - 1,), (0,)), ((), ()))`).
+      precision: used by high-precision GEMMs only; quantized GEMMs take theirs from
+        `GemmSpec.fast_accum` (see the module docstring).
+      preferred_element_type: the output dtype; default the dtype of lhs (spec §8:
+        output dtype = the input's, so a bfloat16 input and a float32 master kernel give
+        a bfloat16 output). dx comes back in lhs's dtype and dw in rhs's, each rounded
+        once from the GEMM's float32 accumulator.
+      recipe: a `lowp.Recipe` or its name (`lowp.Recipe.names()`).
+      impl: the `lowp_jax.dot_general` branch of every quantized GEMM: "auto" (the fp8
+        GEMM on a GPU that has one, emulation on CPU) or one of the names it lists.
+
+    Returns:
+      y: lhs's free dims followed by N, as `lax.dot_general`.
+
+    Raises:
+      ValueError: naming the dim or operand: those of `lowp_jax.dot_general`, or a dim
+        a recipe's scheme cannot quantize (mxfp8: K, N and, under differentiation, M
+        must be multiples of 32, M being the product of lhs's free dims), or a recipe
+        asking for float32 weight gradients of a kernel that is not float32.
+      TypeError: a QArray operand (training needs the high-precision tensors; after
+        `lowp_jax.to_inference` use `lowp_jax.QuantizedDotGeneral`), a dtype other than
+        float32 / bfloat16 / float16, or a recipe that is not one.
+
+    >>> import jax, jax.numpy as jnp, lowp_jax
+    >>> x, kernel = jnp.ones((4, 8, 64)), jnp.full((64, 32), 0.5)  # flax layout (K, N)
+    >>> dims = (((2,), (0,)), ((), ()))
+    >>> loss = lambda k: lowp_jax.training_dot_general(x, k, dims, recipe="mxfp8").sum()
+    >>> jax.grad(loss)(kernel)[0, :3].tolist()
+    [32.0, 32.0, 32.0]
+    """
+    recipe = as_recipe(recipe)
+    if impl not in _dot.IMPLS:
+        raise ValueError(f"impl must be one of {_dot.IMPLS}, got {impl!r}")
+    for name, operand in (("lhs", lhs), ("rhs", rhs)):
+        if isinstance(operand, _qarray.QArray):
+            raise TypeError(
+                f"training_dot_general: {name} is a QArray ({operand.scheme}); training "
+                "quantizes the high-precision tensors at each call. For a kernel quantized "
+                "by lowp_jax.to_inference, use lowp_jax.QuantizedDotGeneral"
+            )
+    lc, rc = _operands.contracting_dims(
+        dimension_numbers, _operands.shape_of(lhs), _operands.shape_of(rhs)
+    )
+    x = jnp.moveaxis(_operands.hp(lhs, "lhs"), lc, -1)
+    w = _operands.hp(rhs, "rhs")
+    w = w if rc == 1 else w.T
+    lead, (n, k) = x.shape[:-1], w.shape
+    x = x.reshape(-1, k)
+    if recipe.fp32_weight_grad_accumulation and w.dtype != jnp.float32:
+        raise ValueError(
+            f"recipe {recipe.name!r} asks for float32 weight gradients, but the kernel is "
+            f"{w.dtype} and JAX returns a gradient in its primal's dtype: pass the float32 "
+            "kernel (flax's Linear casts it to the layer's dtype first: give nnx.Linear a "
+            "promote_dtype that leaves it float32) and sum micro-batch gradients in float32"
+        )
+    input_shape = tuple(lhs.shape)
+    _check_shapes(recipe, x.shape[0], k, n, backward=False, input_shape=input_shape)
+    out_dtype = np.dtype(x.dtype if preferred_element_type is None else preferred_element_type)
+    y = _linear(x, w, _Plan(recipe, impl, precision, out_dtype, input_shape))
+    return y.reshape(lead + (n,))
+
+
+def _check_shapes(recipe, m, k, n, *, backward: bool, input_shape) -> None:
+    """ValueError naming the dim, if a quantized GEMM's scheme cannot take its operand."""
+    gemms = [("forward", recipe.forward, ("x", (m, k)), ("w", (n, k)))]
+    if backward:
+        gemms += [
+            ("dgrad", recipe.dgrad, ("g", (m, n)), ("w.T", (k, n))),
+            ("wgrad", recipe.wgrad, ("g.T", (n, m)), ("x.T", (k, m))),
+        ]
+    for gemm, spec, *operands in gemms:
+        if spec.high_precision:
+            continue
+        for scheme, (name, shape) in zip((spec.a, spec.b), operands):
+            try:
+                scheme.check_shape(shape)
+            except ValueError as e:
+                dim = _DIM_NAMES[gemm]
+                raise ValueError(
+                    f"recipe {recipe.name!r}: the {gemm} GEMM quantizes {name} of shape {shape} "
+                    f"along {dim} = {shape[-1]} (input shape {input_shape}: M tokens, K in, "
+                    f"N out features): {e}"
+                ) from None
+
+
+# --- the quantized operands of each GEMM ------------------------------------------------
+
+
+def _forward_operands(x, w, recipe) -> tuple[_qarray.QArray, _qarray.QArray]:
+    """x (M, K) and w (N, K), quantized along K."""
+    spec = recipe.forward
+    return _quantize.quantize(x, spec.a, name="x"), _quantize.quantize(w, spec.b, name="w")
+
+
+def _residuals(x, w, forward, recipe) -> tuple:
+    """What the backward keeps of x and w: the forward codes where the backward can read
+    them transposed (tensorwise, same scheme), else the high-precision tensor."""
+    qx, qw = forward
+    return (
+        qx if _reusable(qx, recipe.wgrad.b) else x,
+        qw if _reusable(qw, recipe.dgrad.b) else w,
+    )
+
+
+def _backward_operands(g, x_kept, w_kept, recipe) -> tuple:
+    """(dgrad, wgrad) operand pairs, each None where that GEMM runs in high precision."""
+    dgrad = wgrad = None
+    if not recipe.dgrad.high_precision:
+        g_q = _quantize.quantize(g, recipe.dgrad.a, name="g")
+        dgrad = (g_q, _transposed(w_kept, recipe.dgrad.b, "w"))
+    if not recipe.wgrad.high_precision:
+        g_kept = g_q if dgrad is not None and _reusable(g_q, recipe.wgrad.a) else g
+        wgrad = (_transposed(g_kept, recipe.wgrad.a, "g"), _transposed(x_kept, recipe.wgrad.b, "x"))
+    return dgrad, wgrad
+
+
+def _reusable(q: _qarray.QArray, scheme) -> bool:
+    """Whether q's codes, transposed, are what quantizing the transpose with `scheme` gives."""
+    return isinstance(scheme, lowp.TensorScaling) and q.scheme == scheme
+
+
+def _transposed(kept, scheme, name: str) -> _qarray.QArray:
+    """The rank-2 operand kept.T quantized along its last axis: reusable codes transposed,
+    or the high-precision tensor transposed and quantized."""
+    if isinstance(kept, _qarray.QArray):
+        return _qarray.QArray(
+            codes=kept.codes.T,
+            scale=kept.scale,
+            global_scale=None,
+            scheme=kept.scheme,
+            shape=kept.shape[::-1],
+            hp_dtype=kept.hp_dtype,
+        )
+    return _quantize.quantize(kept.T, scheme, name=f"{name}.T")
+
+
+# --- the GEMMs ---------------------------------------------------------------------------
+
+
+def _gemm(operands, spec: lowp.GemmSpec, plan: _Plan, out_dtype) -> jax.Array:
+    """a @ b.T of quantized operands, with fast accumulation where the spec allows it."""
+    precision = lax.Precision.DEFAULT if spec.fast_accum else lax.Precision.HIGHEST
+    return _dot.dot_general(*operands, _A_BT, precision, out_dtype, impl=plan.impl)
+
+
+def _hp_gemm(a, b, plan: _Plan, out_dtype) -> jax.Array:
+    """a @ b.T in high precision, accumulated in float32 and rounded once."""
+    compute = jnp.result_type(a, b)
+    y = lax.dot_general(
+        a.astype(compute),
+        b.astype(compute),
+        _A_BT,
+        precision=plan.precision,
+        preferred_element_type=jnp.float32,
+    )
+    return y.astype(out_dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _linear(x, w, plan: _Plan) -> jax.Array:
+    return _gemm(_forward_operands(x, w, plan.recipe), plan.recipe.forward, plan, plan.out_dtype)
+
+
+def _linear_fwd(x, w, plan: _Plan):
+    # Differentiated: the backward GEMMs' dims must suit their schemes too (M for wgrad).
+    m, k, n = x.shape + w.shape[:1]
+    _check_shapes(plan.recipe, m, k, n, backward=True, input_shape=plan.input_shape)
+    forward = _forward_operands(x, w, plan.recipe)
+    y = _gemm(forward, plan.recipe.forward, plan, plan.out_dtype)
+    return y, _residuals(x, w, forward, plan.recipe)
+
+
+def _linear_bwd(plan: _Plan, kept, g):
+    x_kept, w_kept = kept
+    x_dtype, w_dtype = _operands.hp_dtype(x_kept), _operands.hp_dtype(w_kept)
+    dgrad, wgrad = _backward_operands(g, x_kept, w_kept, plan.recipe)
+    if dgrad is None:
+        dx = _hp_gemm(g, w_kept.T, plan, x_dtype)
+    else:
+        dx = _gemm(dgrad, plan.recipe.dgrad, plan, x_dtype)
+    if wgrad is None:
+        dw = _hp_gemm(g.T, x_kept.T, plan, w_dtype)
+    else:
+        dw = _gemm(wgrad, plan.recipe.wgrad, plan, w_dtype)
+    return dx, dw
+
+
+_linear.defvjp(_linear_fwd, _linear_bwd)
+
+
+def training_operands(x, w, g, recipe) -> dict:
+    """The quantized operands of the three GEMMs of `y = x @ w.T`, exactly as
+    `training_dot_general` computes them (the same functions build both).
+
+    Pure and jit-able with `recipe` static. For a cross-framework check: given the same
+    recipe and arrays, every backend must return these bytes.
+
+    Args:
+      x: the input (..., K), its leading dims flattened into M; w: the weight (N, K),
+        (out_features, in_features) in every framework; g = dL/dy: (..., N) with x's
+        leading dims. float32, bfloat16 or float16.
+      recipe: a `lowp.Recipe` or its name.
+
+    Returns:
+      {"forward": (a, b), "dgrad": (a, b), "wgrad": (a, b)}, each GEMM being `a @ b.T`
+      with a, b QArrays quantized along their last axis (lowp/_recipes.py):
+      forward (x (M, K), w (N, K)), dgrad (g (M, N), w.T (K, N)), wgrad (g.T (N, M),
+      x.T (K, M)); None in place of a pair for a GEMM the recipe runs in high precision.
+      Tensorwise operands the backward reuses are the forward's codes transposed, which
+      are bit-identical to quantizing the transpose.
+
+    >>> import jax.numpy as jnp, lowp_jax
+    >>> ops = lowp_jax.training_operands(
+    ...     jnp.ones((4, 32)), jnp.ones((64, 32)), jnp.ones((4, 64)), "float8_rowwise_gw_hp")
+    >>> [q.shape for q in ops["dgrad"]], ops["wgrad"]
+    ([(4, 64), (32, 64)], None)
+    """
+    recipe = as_recipe(recipe)
+    x, w, g = (_operands.hp(t, name) for t, name in ((x, "x"), (w, "w"), (g, "g")))
+    if (
+        w.ndim != 2
+        or x.ndim < 1
+        or x.shape[-1] != w.shape[1]
+        or g.shape != x.shape[:-1] + w.shape[:1]
+    ):
+        raise ValueError(
+            f"training_operands takes x (..., K), w (N, K) and g (..., N) with x's leading "
+            f"dims; got x {x.shape}, w {w.shape}, g {g.shape}"
+        )
+    (n, k), input_shape = w.shape, x.shape
+    x, g = x.reshape(-1, k), g.reshape(-1, n)
+    m = x.shape[0]
+    _check_shapes(recipe, m, k, n, backward=True, input_shape=input_shape)
+    forward = _forward_operands(x, w, recipe)
+    dgrad, wgrad = _backward_operands(g, *_residuals(x, w, forward, recipe), recipe)
+    return {"forward": forward, "dgrad": dgrad, "wgrad": wgrad}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingDotGeneral:
+    """A `dot_general` for flax layers that trains with a `lowp.Recipe`:
+    `flax.nnx.Linear(..., dot_general=TrainingDotGeneral("float8_rowwise"))`.
+
+    The kernel is the high-precision flax kernel (in, out); the forward and both
+    backward GEMMs are quantized at each call (`lowp_jax.training_dot_general`). flax's
+    Linear/Dense cast the kernel to the layer's `dtype` before calling it, so a bfloat16
+    layer quantizes the bfloat16 copy of its float32 parameters.
+
+    Hashable and a static pytree node (no leaves), like `QuantizedDotGeneral`.
+
+    Attributes:
+      recipe: the `lowp.Recipe`, or its name ("float8_tensorwise", "mxfp8", ...).
+      impl: the `lowp_jax.dot_general` branch of the quantized GEMMs ("auto").
+
+    >>> import jax, jax.numpy as jnp, lowp_jax
+    >>> from flax import nnx
+    >>> layer = nnx.Linear(64, 32, dot_general=lowp_jax.TrainingDotGeneral("mxfp8"),
+    ...                    rngs=nnx.Rngs(0))
+    >>> grads = nnx.grad(lambda m: m(jnp.ones((32, 64))).sum())(layer)
+    >>> grads["kernel"].shape
+    (64, 32)
+    """
+
+    recipe: lowp.Recipe
+    impl: str = "auto"
+
+    def __post_init__(self):
+        object.__setattr__(self, "recipe", as_recipe(self.recipe))
+        if self.impl not in _dot.IMPLS:
+            raise ValueError(f"impl must be one of {_dot.IMPLS}, got {self.impl!r}")
+
+    def __call__(
+        self,
+        lhs,
+        rhs,
+        dimension_numbers,
+        precision=None,
+        preferred_element_type=None,
+        out_sharding=None,
+    ) -> jax.Array:
+        if out_sharding is not None:
+            raise NotImplementedError(
+                "TrainingDotGeneral does not take out_sharding (explicit sharding mode); "
+                "shard its inputs under jit instead"
+            )
+        return training_dot_general(
+            lhs,
+            rhs,
+            dimension_numbers,
+            precision,
+            preferred_element_type,
+            recipe=self.recipe,
+            impl=self.impl,
+        )
+
+
+jax.tree_util.register_static(TrainingDotGeneral)
+
+
+def training_dot_general_cls(recipe, impl: str = "auto"):
+    """What `flax.linen.Dense(dot_general_cls=...)` takes: a zero-argument callable
+    returning `TrainingDotGeneral(recipe, impl)`.
+
+    >>> import jax, jax.numpy as jnp, flax.linen as nn, lowp_jax
+    >>> dense = nn.Dense(32, dot_general_cls=lowp_jax.training_dot_general_cls("float8_rowwise"))
+    >>> params = dense.init(jax.random.key(0), jnp.ones((2, 64)))
+    >>> jax.grad(lambda p: dense.apply(p, jnp.ones((2, 64))).sum())(params)["params"]["kernel"].shape
+    (64, 32)
+    """
+    return functools.partial(TrainingDotGeneral, as_recipe(recipe), impl)
+
+
+def layer_dot_general(config, recipe, impl: str):
+    """The dot of a lowp_jax layer: `QuantizedDotGeneral(config)` for inference or
+    `TrainingDotGeneral(recipe)` for training; TypeError unless exactly one is given."""
+    if (config is None) == (recipe is None):
+        raise TypeError(
+            "pass exactly one of config= (inference: a lowp.InferenceConfig or preset name) "
+            f"and recipe= (training: a lowp.Recipe or recipe name); got config={config!r}, "
+            f"recipe={recipe!r}"
+        )
+    if recipe is not None:
+        return TrainingDotGeneral(recipe, impl)
+    return _quantized_dot.QuantizedDotGeneral(config, impl)
