@@ -4,7 +4,9 @@
 high-precision kernel at each call. For kernels that are already QArrays (from
 `lowp_jax.quantize_params` or `lowp_jax.load_quantized`) use `Dense` here: linen's
 own Dense checks a stored parameter against the (in, out) shape it would initialize,
-which a QArray's (out, in) codes are not.
+which a QArray's (out, in) codes are not. For training,
+`flax.linen.Dense(dot_general_cls=lowp_jax.training_dot_general_cls(recipe))` or
+`Dense(features, recipe=recipe)` here.
 """
 
 from typing import Any
@@ -13,7 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lowp_jax import _qarray, _quantized_dot
+from lowp_jax import _qarray, _quantized_dot, _training
 
 
 def promote_dtype(*args, dtype=None, inexact=True):
@@ -23,14 +25,17 @@ def promote_dtype(*args, dtype=None, inexact=True):
 
 
 class Dense(nn.Module):
-    """`flax.linen.Dense` whose matmul quantizes with a `lowp.InferenceConfig`.
+    """`flax.linen.Dense` whose matmul quantizes with a `lowp.InferenceConfig` (inference)
+    or a `lowp.Recipe` (training).
 
     The `kernel` parameter is (in, out) when high precision, as in nn.Dense, or a
-    QArray (out, in) put there by `lowp_jax.quantize_params`.
+    QArray (out, in) put there by `lowp_jax.quantize_params` (a Dense with a config).
 
     Attributes:
       features: the number of output features.
-      config: the InferenceConfig or preset name.
+      config: the InferenceConfig or preset name, for inference.
+      recipe: instead of config, the training Recipe or recipe name
+        (`lowp_jax.TrainingDotGeneral`).
       impl: the `lowp_jax.dot_general` branch ("auto").
       use_bias, dtype, param_dtype, precision, kernel_init, bias_init: as nn.Dense.
 
@@ -42,7 +47,8 @@ class Dense(nn.Module):
     """
 
     features: int
-    config: Any
+    config: Any = None
+    recipe: Any = None
     impl: str = "auto"
     use_bias: bool = True
     dtype: Any = None
@@ -73,7 +79,7 @@ class Dense(nn.Module):
             else None
         )
         inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
-        dot = _quantized_dot.QuantizedDotGeneral(self.config, self.impl)
+        dot = _training.layer_dot_general(self.config, self.recipe, self.impl)
         y = dot(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)
         if bias is not None:
             y += jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))

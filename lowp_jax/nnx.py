@@ -1,14 +1,14 @@
 """flax nnx layers on lowp_jax's quantized dot.
 
-`Linear` is `flax.nnx.Linear` with a `QuantizedDotGeneral` and a QArray-aware
-`promote_dtype`; its kernel may be high precision (quantized at each call) or a QArray
-(out, in) from `lowp_jax.quantize_params`. `quantize_model` converts an existing model's
-`nnx.Linear` layers for inference.
+`Linear` is `flax.nnx.Linear` with a QArray-aware `promote_dtype` and, for inference, a
+`QuantizedDotGeneral` (its kernel high precision, quantized at each call, or a QArray
+(out, in) from `lowp_jax.quantize_params`) or, for training, a `TrainingDotGeneral`.
+`quantize_model` converts an existing model's `nnx.Linear` layers for inference.
 """
 
 from flax import nnx
 
-from lowp_jax import _params, _qarray, _quantized_dot
+from lowp_jax import _params, _qarray, _quantized_dot, _training
 
 
 def promote_dtype(args, /, *, dtype=None, inexact=True):
@@ -18,18 +18,22 @@ def promote_dtype(args, /, *, dtype=None, inexact=True):
 
 
 class Linear(nnx.Linear):
-    """`nnx.Linear` whose matmul quantizes with a `lowp.InferenceConfig`.
+    """`nnx.Linear` whose matmul quantizes with a `lowp.InferenceConfig` (inference) or
+    a `lowp.Recipe` (training).
 
     Args:
       in_features, out_features: as nnx.Linear.
-      config: the InferenceConfig or preset name.
+      config: the InferenceConfig or preset name, for inference.
+      recipe: instead of config, the training Recipe or recipe name: forward and backward
+        GEMMs quantized at each call (`lowp_jax.TrainingDotGeneral`).
       impl: the `lowp_jax.dot_general` branch ("auto").
       **kwargs: the rest of nnx.Linear's arguments (use_bias, dtype, param_dtype,
         precision, kernel_init, bias_init, rngs, ...).
 
     The kernel is (in, out) as in nnx.Linear while it is high precision (training, or
     quantize-per-call inference); `lowp_jax.quantize_params` of the module's state makes
-    it a QArray (out, in), which `nnx.update` puts in place.
+    it a QArray (out, in), which `nnx.update` puts in place (a layer with a config), and
+    `lowp_jax.to_inference` turns a trained model into one.
 
     >>> import jax.numpy as jnp, lowp_jax, lowp_jax.nnx
     >>> from flax import nnx
@@ -37,13 +41,25 @@ class Linear(nnx.Linear):
     >>> nnx.update(layer, lowp_jax.quantize_params(nnx.state(layer), "mxfp8"))
     >>> type(layer.kernel[...]).__name__, layer(jnp.ones((2, 3, 64))).shape
     ('QArray', (2, 3, 8))
+    >>> trained = lowp_jax.nnx.Linear(64, 8, recipe="float8_rowwise", rngs=nnx.Rngs(0))
+    >>> nnx.grad(lambda m: m(jnp.ones((4, 64))).sum())(trained)["kernel"].shape
+    (64, 8)
     """
 
-    def __init__(self, in_features: int, out_features: int, *, config, impl="auto", **kwargs):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        config=None,
+        recipe=None,
+        impl="auto",
+        **kwargs,
+    ):
         super().__init__(
             in_features,
             out_features,
-            dot_general=_quantized_dot.QuantizedDotGeneral(config, impl),
+            dot_general=_training.layer_dot_general(config, recipe, impl),
             promote_dtype=promote_dtype,
             **kwargs,
         )
