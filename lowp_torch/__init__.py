@@ -5,6 +5,10 @@ for every scheme and format of the core, on CPU and CUDA, in eager mode and unde
 torch.compile (spec §0 of docs/numerics.md says how). `QuantizedTensor` is a
 torch.Tensor subclass a model can hold as a weight; `scaled_matmul` lowers a quantized
 GEMM to torch._scaled_mm, fbgemm or emulation; `quantize_` converts a model's linears.
+
+Training (spec §8): `convert_to_training(model, recipe)` swaps each nn.Linear for a
+`Linear` whose forward, dgrad and wgrad GEMMs are quantized as the recipe says, in
+eager mode and under torch.compile; `training_operands` shows the bytes each GEMM gets.
 """
 
 import torch
@@ -17,6 +21,8 @@ from lowp_torch._model import load_quantized, quantize_, save_quantized
 from lowp_torch._qtensor import QuantizedTensor
 from lowp_torch._quantize import dequantize, quantize
 from lowp_torch._rounding import random_bits
+from lowp_torch._training import training_operands
+from lowp_torch._training_linear import Linear, convert_to_training
 
 # torch.load(weights_only=True), the default since torch 2.6, unpickles only allowlisted
 # globals. A state_dict of a quantize_'d model pickles QuantizedTensors, which carry
@@ -26,8 +32,10 @@ from lowp_torch._rounding import random_bits
 torch.serialization.add_safe_globals([QuantizedTensor, LinearConfig, *lowp._schemes.SCHEME_TYPES])
 
 __all__ = [
+    "Linear",
     "LinearConfig",
     "QuantizedTensor",
+    "convert_to_training",
     "dequantize",
     "from_lowp",
     "load_quantized",
@@ -37,4 +45,5 @@ __all__ = [
     "save_quantized",
     "scaled_matmul",
     "to_lowp",
+    "training_operands",
 ]

@@ -1,0 +1,356 @@
+"""Low-precision training of a linear layer: the three GEMMs of a `lowp.Recipe` (spec §8).
+
+For `y = x @ w.T` with x (M, K) (leading dims flattened into M, the tokens), w (N, K)
+and g = dL/dy (M, N), each GEMM is written `a @ b.T` with the reduction axis last
+(`lowp/_recipes.py`), and each operand is quantized along that axis from the
+high-precision tensor:
+
+    forward  y  = x   @ w.T     a = x   (M, K)   b = w   (N, K)   reduce over K
+    dgrad    dx = g   @ w       a = g   (M, N)   b = w.T (K, N)   reduce over N
+    wgrad    dw = g.T @ x       a = g.T (N, M)   b = x.T (K, M)   reduce over M
+
+A transposed operand is quantized where it lies, along its first axis, and viewed
+transposed (`_transposed`): the same groups, so the bytes of quantizing the transposed
+copy. One exception: a tensorwise operand whose scheme is the one the forward used for
+the same tensor is the forward's QuantizedTensor, transposed (`keeps_codes`): one scale
+does not care about orientation and codes are elementwise, so the bytes are again the
+same; the forward then keeps those codes for the backward instead of the
+high-precision tensor, and the backward skips a quantization.
+
+Scaling is current (dynamic): every scale comes from the tensor it scales, at the call.
+Nothing carries over between steps, so a run is a function of its parameters,
+optimizer state and data alone, and a checkpoint resumes it exactly.
+"""
+
+import dataclasses
+import math
+
+import torch
+
+from lowp import _recipes, _schemes
+from lowp_torch import _gemm, _qtensor, _quantize, _tensor_ops
+
+QuantizedTensor = _qtensor.QuantizedTensor
+KERNELS = ("auto", "scaled_mm", "emulated")
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowering:
+    """How a training layer's GEMMs run (what they compute is the recipe's business).
+
+    Attributes:
+      kernel: "auto", "scaled_mm" or "emulated", as for `scaled_matmul` (fbgemm's fp8
+        GEMMs take e4m3 operands only, so no fbgemm for the e5m2 gradients).
+      pad_to_16: zero-pad each GEMM's K and N to multiples of 16 for the fp8 kernels
+        (exact: zero codes add nothing).
+      name: the layer, for errors and logs.
+    """
+
+    kernel: str = "auto"
+    pad_to_16: bool = False
+    name: str = "linear"
+
+    def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise TypeError(f"Lowering.name must be a str, got {self.name!r}")
+        if self.kernel not in KERNELS:
+            raise ValueError(
+                f"{self.name}: kernel must be one of {KERNELS} for training, got {self.kernel!r}"
+            )
+        if not isinstance(self.pad_to_16, bool):
+            raise TypeError(f"{self.name}: pad_to_16 must be a bool, got {self.pad_to_16!r}")
+
+
+def as_recipe(recipe) -> _recipes.Recipe:
+    """A `lowp.Recipe` from itself or its name; TypeError/ValueError naming anything else."""
+    if isinstance(recipe, str):
+        return _recipes.Recipe.from_name(recipe)
+    if not isinstance(recipe, _recipes.Recipe):
+        raise TypeError(f"expected a lowp.Recipe or a recipe name, got {recipe!r}")
+    return recipe
+
+
+# --- the operands of each GEMM ---
+
+
+def training_operands(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, recipe) -> dict:
+    """The quantized operands of the three GEMMs `recipe` runs for one linear layer.
+
+    Computed by the functions `lowp_torch.Linear` feeds its GEMMs with, so a test sees
+    the bytes that reach them; `lowp_jax.training_operands` answers the same question,
+    which lets the two frameworks be compared byte for byte.
+
+    Args:
+      x: the input, (..., K), float32/bfloat16/float16; leading dims flatten into M.
+      w: the weight, (N, K): `(out_features, in_features)` in both frameworks.
+      g: the gradient of the output, (..., N), with x's leading dims.
+      recipe: a `lowp.Recipe` or its name.
+
+    Returns:
+      {"forward": (a, b), "dgrad": (a, b), "wgrad": (a, b)}: for each GEMM `a @ b.T`
+      the QuantizedTensors a, b, shaped (M, K), (N, K); (M, N), (K, N); (N, M), (K, M).
+      Each holds the bytes of `lowp_torch.quantize` (and `lowp.quantize`) of that
+      orientation of the high-precision tensor with the recipe's scheme. A GEMM the
+      recipe runs in high precision maps to None.
+
+    >>> import torch, lowp_torch
+    >>> ops = lowp_torch.training_operands(
+    ...     torch.ones(4, 32), torch.ones(64, 32), torch.ones(4, 64), "mxfp8_gw_hp")
+    >>> [tuple(q.shape) for q in ops["dgrad"]], ops["wgrad"]
+    ([(4, 64), (32, 64)], None)
+    """
+    recipe = as_recipe(recipe)
+    if (
+        w.dim() != 2
+        or x.dim() < 1
+        or x.shape[-1] != w.shape[1]
+        or g.shape != x.shape[:-1] + w.shape[:1]
+    ):
+        raise ValueError(
+            f"training_operands takes x (..., K), w (N, K) and g (..., N) with x's leading dims; "
+            f"got x {tuple(x.shape)}, w {tuple(w.shape)}, g {tuple(g.shape)}"
+        )
+    check_layer(recipe, w.shape[1], w.shape[0], Lowering())
+    check_tokens(recipe, x, Lowering())
+    x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+    a, b = forward_operands(x2, w, recipe)
+    keep_x, keep_w = _kept(x2, w, a, b, recipe)
+    dgrad = dgrad_operands(g2, keep_w, recipe)
+    wgrad = wgrad_operands(_gradient_for_wgrad(g2, dgrad, recipe), keep_x, recipe)
+    return {"forward": (a, b), "dgrad": dgrad, "wgrad": wgrad}
+
+
+def forward_operands(x2, w, recipe, name="linear"):
+    """(a, b) of y = x @ w.T: x (M, K) and w (N, K), quantized along K."""
+    spec = recipe.forward
+    return (
+        _quantize.quantize(x2, spec.a, name=f"{name} forward: x"),
+        _quantize.quantize(w, spec.b, name=f"{name} forward: w"),
+    )
+
+
+def dgrad_operands(g2, w, recipe, name="linear"):
+    """(a, b) of dx = g @ w: g (M, N) and w.T (K, N), quantized along N; None for a
+    high-precision GEMM. `w`: the weight, or the forward's codes of it (`_kept`)."""
+    spec = recipe.dgrad
+    if spec.high_precision:
+        return None
+    return (
+        _quantize.quantize(g2, spec.a, name=f"{name} dgrad: dy"),
+        _transposed(w, spec.b, f"{name} dgrad: w.T"),
+    )
+
+
+def wgrad_operands(g2, x2, recipe, name="linear"):
+    """(a, b) of dw = g.T @ x: g.T (N, M) and x.T (K, M), quantized along the tokens M;
+    None for a high-precision GEMM. `g2`, `x2`: the high-precision tensors, or codes of
+    them `_gradient_for_wgrad` and `_kept` chose."""
+    spec = recipe.wgrad
+    if spec.high_precision:
+        return None
+    return (
+        _transposed(g2, spec.a, f"{name} wgrad: dy.T"),
+        _transposed(x2, spec.b, f"{name} wgrad: x.T"),
+    )
+
+
+def keeps_codes(backward_scheme, earlier_scheme) -> bool:
+    """Whether a backward GEMM takes codes already made of a tensor, transposed, instead
+    of quantizing it: only under tensorwise scaling, and only with the very scheme."""
+    return isinstance(backward_scheme, _schemes.TensorScaling) and backward_scheme == earlier_scheme
+
+
+def _kept(x2, w, a, b, recipe):
+    """What the backward needs of x and w: the forward's codes where `keeps_codes`,
+    else the high-precision tensors."""
+    keep_x = a if keeps_codes(recipe.wgrad.b, recipe.forward.a) else x2
+    keep_w = b if keeps_codes(recipe.dgrad.b, recipe.forward.b) else w
+    return keep_x, keep_w
+
+
+def _gradient_for_wgrad(g2, dgrad, recipe):
+    """The dgrad's codes of dy where the wgrad `keeps_codes` of them, else dy itself."""
+    if dgrad is not None and keeps_codes(recipe.wgrad.a, recipe.dgrad.a):
+        return dgrad[0]
+    return g2
+
+
+def _transposed(t, scheme, name: str) -> QuantizedTensor:
+    """`t.T` quantized with `scheme` along its last axis, for a 2-D t.
+
+    t is quantized where it lies, along its first axis, and the result viewed
+    transposed: the same groups, so the bytes of quantizing a transposed copy, without
+    making one (Transformer Engine's "columnwise" quantization does the same). Fused
+    with the quantization of t along its last axis, the transposed copy also trips an
+    Inductor CPU codegen assertion for MX blocks (torch 2.13, `try_loop_split`).
+    Packed fp4 codes must run along the last axis: those schemes quantize the copy.
+    """
+    if isinstance(t, QuantizedTensor):  # codes already made (`keeps_codes`)
+        return _tensor_ops.permute(t, [1, 0], op="transpose")
+    along_first = _along_first_axis(scheme)
+    if along_first is None:
+        return _quantize.quantize(t.t().contiguous(), scheme, name=name)
+    q = _quantize.quantize(t, along_first, name=name)
+    return _tensor_ops.permute(q, [1, 0], op="transpose")
+
+
+def _along_first_axis(scheme):
+    """The scheme that groups a 2-D t as `scheme` groups t.T; None for packed fp4."""
+    if scheme.fmt == "float4_e2m1fn":
+        return None
+    if isinstance(scheme, _schemes.TensorScaling):
+        return scheme
+    if isinstance(scheme, (_schemes.AxisScaling, _schemes.MXScaling)):
+        return dataclasses.replace(scheme, axis=-2)
+    if isinstance(scheme, _schemes.BlockScaling):
+        return dataclasses.replace(scheme, block=scheme.block[::-1])
+    raise TypeError(f"not a lowp scheme for an fp8 GEMM operand: {scheme!r}")
+
+
+# --- the autograd Function ---
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    recipe: _recipes.Recipe,
+    lowering: Lowering = Lowering(),
+    main_grad: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` with its forward and backward GEMMs run as `recipe` says.
+
+    y and dx have x's dtype (under autocast, the autocast dtype: x is cast to it, as
+    `F.linear` would; the weight is quantized from its own dtype), dw the weight's, db
+    the bias's. With `main_grad`, a float32 tensor shaped like the weight, the weight
+    gradient is computed in float32 and added into it instead of going to autograd
+    (see `lowp_torch.Linear`).
+    """
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        x = x.to(torch.get_autocast_dtype(device_type))
+    if torch.is_grad_enabled() and weight.requires_grad:  # else no wgrad GEMM will run
+        check_tokens(recipe, x, lowering)
+    # The emulated GEMMs are float32 matmuls: autocast must not lower them.
+    with torch.autocast(device_type, enabled=False):
+        return _LinearFunction.apply(x, weight, bias, main_grad, recipe, lowering)
+
+
+class _LinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, main_grad, recipe, lowering):
+        x2 = x.reshape(-1, x.shape[-1])
+        a, b = forward_operands(x2, weight, recipe, lowering.name)
+        y = _product(a, b, recipe.forward, x.dtype, lowering, "forward", bias)
+        ctx.save_for_backward(*_kept(x2, weight, a, b, recipe))
+        # main_grad is not a saved tensor: the backward adds into it, and a layer used
+        # twice in one step would find the version it saved already bumped.
+        ctx.recipe, ctx.lowering, ctx.main_grad = recipe, lowering, main_grad
+        ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dy):
+        keep_x, keep_w = ctx.saved_tensors
+        recipe, lowering, main_grad = ctx.recipe, ctx.lowering, ctx.main_grad
+        g2 = dy.reshape(-1, dy.shape[-1])
+        dx = dw = db = dgrad = None
+        if ctx.needs_input_grad[0]:
+            dgrad = dgrad_operands(g2, keep_w, recipe, lowering.name)
+            if dgrad is None:
+                dx = (g2 @ keep_w.to(g2.dtype)).to(ctx.x_dtype)
+            else:
+                dx = _product(*dgrad, recipe.dgrad, ctx.x_dtype, lowering, "dgrad")
+            dx = dx.reshape(ctx.x_shape)
+        if ctx.needs_input_grad[1]:
+            out_dtype = ctx.w_dtype if main_grad is None else torch.float32
+            g_kept = _gradient_for_wgrad(g2, dgrad, recipe)
+            wgrad = wgrad_operands(g_kept, keep_x, recipe, lowering.name)
+            if wgrad is None:  # float32 accumulation: float32 products and sums
+                compute = g2.dtype if main_grad is None else torch.float32
+                dw = (g2.t().to(compute) @ keep_x.to(compute)).to(out_dtype)
+            else:
+                dw = _product(*wgrad, recipe.wgrad, out_dtype, lowering, "wgrad")
+            if main_grad is not None:
+                main_grad.add_(dw)
+                dw = None
+        if ctx.needs_input_grad[2]:
+            db = g2.sum(0)
+        return dx, dw, db, None, None, None
+
+
+def _product(a, b, spec, out_dtype, lowering, gemm: str, bias=None) -> torch.Tensor:
+    """One quantized GEMM `a @ b.T` on the kernel `lowering` picks."""
+    return _gemm.scaled_matmul(
+        a,
+        b,
+        out_dtype=out_dtype,
+        bias=bias,
+        kernel=lowering.kernel,
+        fast_accum=spec.fast_accum,
+        pad_to_16=lowering.pad_to_16,
+        name=f"{lowering.name} {gemm}",
+    )
+
+
+# --- shape checks, before any GEMM runs ---
+
+
+def check_layer(recipe, in_features: int, out_features: int, lowering: Lowering) -> None:
+    """ValueError naming the layer if its K or N does not suit the recipe's schemes (an
+    MX block must divide K for the forward and N for the dgrad), or, for an explicitly
+    requested fp8 kernel without padding, is not a multiple of 16."""
+    where = f"{lowering.name} (in_features={in_features}, out_features={out_features})"
+    if lowering.kernel == "scaled_mm" and not lowering.pad_to_16:
+        for dim, size in (("in_features", in_features), ("out_features", out_features)):
+            if size % 16:
+                raise ValueError(
+                    f"{where}: {dim}={size} is not a multiple of 16, which kernel='scaled_mm' "
+                    "needs; pass pad_to_16=True (zero-pads, exact), kernel='auto' (emulates "
+                    "such GEMMs), or skip the layer with filter_fn"
+                )
+    k, n = in_features, out_features
+    # The tokens M are unknown until a call (`check_tokens`); 0 passes every scheme.
+    shapes = {
+        "forward": ((0, k), (n, k)),
+        "dgrad": ((0, n), (k, n)),
+        "wgrad": ((n, 0), (k, 0)),
+    }
+    for gemm, (a_shape, b_shape) in shapes.items():
+        spec = getattr(recipe, gemm)
+        if spec.high_precision:
+            continue
+        for role, scheme, shape in (("a", spec.a, a_shape), ("b", spec.b, b_shape)):
+            try:
+                scheme.check_shape(shape)
+            except ValueError as e:
+                raise ValueError(
+                    f"{where}: the {recipe.name} {gemm} GEMM cannot quantize its {role} operand "
+                    f"{shape} with {scheme}: {e}. Skip the layer with filter_fn"
+                ) from e
+
+
+def check_tokens(recipe, x: torch.Tensor, lowering: Lowering) -> None:
+    """ValueError naming the layer if the token count M (the wgrad GEMM's reduction
+    dim) does not suit the recipe's wgrad schemes (an MX block must divide it) or, for
+    an explicitly requested fp8 kernel without padding, is not a multiple of 16."""
+    if recipe.wgrad.high_precision:
+        return
+    m = math.prod(x.shape[:-1])
+
+    def where():
+        return (
+            f"{lowering.name}: the input has M={m} tokens (its leading dims "
+            f"{tuple(x.shape[:-1])}), the reduction dim of the {recipe.name} wgrad GEMM"
+        )
+
+    if lowering.kernel == "scaled_mm" and not lowering.pad_to_16 and m % 16:
+        raise ValueError(
+            f"{where()}; kernel='scaled_mm' needs a multiple of 16: pass pad_to_16=True "
+            "(zero-pads, exact) or kernel='auto'"
+        )
+    for role, scheme in (("dy.T", recipe.wgrad.a), ("x.T", recipe.wgrad.b)):
+        try:
+            scheme.check_shape((1, m))
+        except ValueError as e:
+            raise ValueError(f"{where()}, along which it quantizes {role}: {e}") from e

@@ -1,0 +1,208 @@
+"""`lowp_torch.Linear` and `convert_to_training`: nn.Linear layers trained with a recipe."""
+
+import torch
+from torch import nn
+
+from lowp import _recipes
+from lowp_torch import _qtensor, _training
+
+
+class Linear(nn.Linear):
+    """An nn.Linear whose forward, dgrad and wgrad GEMMs run as a `lowp.Recipe` says.
+
+    Its parameters are nn.Linear's, in their own dtype: weight (out_features,
+    in_features), bias (out_features,); its state_dict is nn.Linear's, with no
+    buffers, because current scaling derives every scale from the tensor it scales at
+    each call. So a checkpoint of a converted model is a checkpoint of the float model,
+    and resuming one is exact.
+
+    The output has the input's dtype (autocast's dtype under autocast). Inputs are
+    (..., in_features); leading dims flatten into the M tokens of the GEMMs.
+
+    Float32 weight-gradient accumulation (`recipe.fp32_weight_grad_accumulation`):
+    the wgrad GEMM writes float32 and each backward adds it into `weight.main_grad`, a
+    float32 tensor shaped like the weight (the name Transformer Engine and Megatron
+    use), instead of `weight.grad`, which stays None. Summing micro-batches there
+    rounds once at the end instead of once per micro-batch in a bfloat16 weight's
+    dtype. The training loop hands it to the optimizer and zeroes it::
+
+        for batch in micro_batches:
+            loss_fn(model(batch)).backward()
+        for p in model.parameters():
+            if hasattr(p, "main_grad"):
+                p.grad = p.main_grad.to(p.dtype)  # or step float32 master weights with it
+                p.main_grad.zero_()
+        optimizer.step(); optimizer.zero_grad()
+
+    Args:
+      in_features, out_features, bias, device, dtype: as nn.Linear.
+      recipe: a `lowp.Recipe` or its name ("float8_rowwise", "mxfp8", ...).
+      kernel: "auto" (the fastest GEMM the device allows, else emulated), "scaled_mm"
+        (torch._scaled_mm, refused with the reason where it cannot run) or "emulated".
+      pad_to_16: zero-pad K, N and the token count M to multiples of 16 for the fp8
+        kernels (exact). Without it, kernel="scaled_mm" refuses a layer or an input
+        whose dims are not, naming it, and "auto" emulates such a GEMM with a warning.
+      name: the layer, for errors and logs (`convert_to_training` sets its path).
+
+    >>> import torch, lowp_torch
+    >>> layer = lowp_torch.Linear(64, 32, recipe="float8_rowwise")
+    >>> y = layer(torch.randn(2, 8, 64, requires_grad=True))
+    >>> y.sum().backward()
+    >>> y.shape, layer.weight.grad.shape
+    (torch.Size([2, 8, 32]), torch.Size([32, 64]))
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        recipe: "_recipes.Recipe | str",
+        kernel: str = "auto",
+        pad_to_16: bool = False,
+        name: str = "linear",
+    ):
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.recipe = _training.as_recipe(recipe)
+        self.lowering = _training.Lowering(kernel, pad_to_16, name)
+        _training.check_layer(self.recipe, in_features, out_features, self.lowering)
+        self._attach_main_grad()
+
+    @classmethod
+    def from_float(
+        cls,
+        linear: nn.Linear,
+        recipe: "_recipes.Recipe | str",
+        *,
+        kernel: str = "auto",
+        pad_to_16: bool = False,
+        name: str = "linear",
+    ) -> "Linear":
+        """A Linear sharing `linear`'s weight and bias Parameters (no copy), so an
+        optimizer built on the float model keeps updating them."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"{name}: from_float takes an nn.Linear, got {type(linear).__name__}")
+        if isinstance(linear.weight, _qtensor.QuantizedTensor):
+            raise TypeError(
+                f"{name}: the weight is quantized for inference (quantize_); train the float model"
+            )
+        with torch.device("meta"):  # no throwaway initialisation
+            new = cls(
+                linear.in_features,
+                linear.out_features,
+                bias=False,
+                recipe=recipe,
+                kernel=kernel,
+                pad_to_16=pad_to_16,
+                name=name,
+            )
+        new.weight, new.bias = linear.weight, linear.bias
+        new._attach_main_grad()
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"{self.lowering.name}: the input's last dim must be in_features="
+                f"{self.in_features}, got shape {tuple(x.shape)}"
+            )
+        main_grad = None
+        if self.recipe.fp32_weight_grad_accumulation:
+            self._attach_main_grad()  # a deepcopy'd Parameter has lost its attributes
+            main_grad = self.weight.main_grad
+        return _training.linear(x, self.weight, self.bias, self.recipe, self.lowering, main_grad)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, recipe={self.recipe.name!r}, kernel={self.lowering.kernel!r}"
+        )
+
+    def _attach_main_grad(self) -> None:
+        """Give the weight a zero float32 `main_grad` if the recipe asks for one and it
+        has none (a meta-device weight gets one when it is materialised)."""
+        weight = self.weight
+        needed = self.recipe.fp32_weight_grad_accumulation and weight.device.type != "meta"
+        if needed and getattr(weight, "main_grad", None) is None:
+            weight.main_grad = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+
+    def _apply(self, fn, recurse=True):
+        # model.to(device) moves the weight; main_grad, a plain attribute, follows it
+        # here, and stays float32 through model.to(torch.bfloat16).
+        main_grad = getattr(self.weight, "main_grad", None)
+        super()._apply(fn, recurse)
+        if main_grad is not None:
+            self.weight.main_grad = main_grad.to(self.weight.device)
+        self._attach_main_grad()
+        return self
+
+
+def convert_to_training(
+    model: nn.Module,
+    recipe: "_recipes.Recipe | str",
+    filter_fn=None,
+    *,
+    kernel: str = "auto",
+    pad_to_16: bool = False,
+) -> nn.Module:
+    """Swap each `nn.Linear` of `model` for a `lowp_torch.Linear` training with `recipe`.
+
+    The new layers share the old ones' Parameters, so an optimizer already built on
+    the model keeps working, and the state_dict is unchanged. Swapping happens only
+    once every layer has been checked: an error leaves the model as it was.
+
+    Args:
+      model: any module; an nn.Linear reachable twice is converted once.
+      recipe: a `lowp.Recipe` or its name (`lowp.Recipe.names()`).
+      filter_fn: `filter_fn(module, name) -> bool`; only linears it accepts convert
+        (name is the module's path, "layers.0.mlp.fc1").
+      kernel, pad_to_16: see `lowp_torch.Linear`.
+
+    Returns:
+      `model`, converted in place; if `model` itself is an nn.Linear, the new Linear.
+
+    Raises:
+      ValueError: naming the layer, for an in_features/out_features the recipe's
+        schemes cannot quantize (an MX block must divide both) or an explicit fp8
+        kernel cannot take. Nothing is skipped silently: exclude it with filter_fn.
+      TypeError: `recipe` is not a recipe (an inference config goes to `quantize_`),
+        or a layer is already converted or quantized.
+
+    >>> import torch, lowp_torch
+    >>> model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.GELU())
+    >>> model = lowp_torch.convert_to_training(model, "mxfp8")
+    >>> model[0]
+    Linear(in_features=64, out_features=32, bias=True, recipe='mxfp8', kernel='auto')
+    """
+    recipe = _training.as_recipe(recipe)
+    if filter_fn is not None and not callable(filter_fn):
+        raise TypeError(f"filter_fn must be callable(module, name) -> bool, got {filter_fn!r}")
+
+    def convert(module, name):
+        if isinstance(module, Linear):
+            raise TypeError(
+                f"convert_to_training: {name or 'the model'} is already a lowp_torch.Linear"
+            )
+        return Linear.from_float(
+            module, recipe, kernel=kernel, pad_to_16=pad_to_16, name=name or "linear"
+        )
+
+    if isinstance(model, nn.Linear):
+        return convert(model, "") if filter_fn is None or filter_fn(model, "") else model
+    new = {}  # id(old linear) -> its Linear; checked before any swap
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and (filter_fn is None or filter_fn(module, name)):
+            new[id(module)] = convert(module, name)
+    swap_children(model, new)
+    return model
+
+
+def swap_children(model: nn.Module, new: dict) -> None:
+    """Replace every child `c` of every submodule with `new[id(c)]` where present."""
+    for module in list(model.modules()):
+        # `_modules`, not named_children(), which yields a child held twice only once.
+        for child_name, child in list(module._modules.items()):
+            if id(child) in new:
+                setattr(module, child_name, new[id(child)])
