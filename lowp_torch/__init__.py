@@ -6,9 +6,11 @@ torch.compile (spec §0 of docs/numerics.md says how). `QuantizedTensor` is a
 torch.Tensor subclass a model can hold as a weight; `scaled_matmul` lowers a quantized
 GEMM to torch._scaled_mm, fbgemm or emulation; `quantize_` converts a model's linears.
 
-Training (spec §8): `convert_to_training(model, recipe)` swaps each nn.Linear for a
-`Linear` whose forward, dgrad and wgrad GEMMs are quantized as the recipe says, in
-eager mode and under torch.compile; `training_operands` shows the bytes each GEMM gets.
+Training (spec §8): `convert_to_training(model, recipe)` (or `quantize_` given a
+`lowp.Recipe`) swaps each nn.Linear for a `Linear` whose forward, dgrad and wgrad GEMMs
+are quantized as the recipe says, in eager mode and under torch.compile;
+`training_operands` shows the bytes each GEMM gets; `to_inference` turns the trained
+model into `quantize_`'s inference form.
 """
 
 import torch
@@ -17,7 +19,7 @@ import lowp
 from lowp_torch._config import LinearConfig
 from lowp_torch._convert import from_lowp, to_lowp
 from lowp_torch._gemm import scaled_matmul
-from lowp_torch._model import load_quantized, quantize_, save_quantized
+from lowp_torch._model import load_quantized, quantize_, save_quantized, to_inference
 from lowp_torch._qtensor import QuantizedTensor
 from lowp_torch._quantize import dequantize, quantize
 from lowp_torch._rounding import random_bits
@@ -44,6 +46,7 @@ __all__ = [
     "random_bits",
     "save_quantized",
     "scaled_matmul",
+    "to_inference",
     "to_lowp",
     "training_operands",
 ]

@@ -1,5 +1,7 @@
-"""`quantize_(model, config)`: quantize every nn.Linear weight in place, for inference;
-`save_quantized` / `load_quantized`: the model's state through lowp's interchange file.
+"""`quantize_(model, config)`: quantize every nn.Linear weight in place, for inference, or
+hand a training recipe to `convert_to_training`; `to_inference`: from training back to
+that inference form; `save_quantized` / `load_quantized`: the model's state through
+lowp's interchange file.
 """
 
 import ml_dtypes
@@ -8,7 +10,7 @@ import torch
 from torch import nn
 
 import lowp
-from lowp_torch import _config, _convert, _log, _qtensor, _quantize
+from lowp_torch import _config, _convert, _log, _qtensor, _quantize, _training_linear
 
 # torch dtypes lowp.save stores that numpy has only through ml_dtypes: (numpy dtype,
 # same-width int dtype used to move the bytes between torch and numpy).
@@ -22,7 +24,7 @@ _BYTES_VIEWS = {
 
 def quantize_(
     model: nn.Module,
-    config: "lowp.InferenceConfig | str",
+    config: "lowp.InferenceConfig | str | lowp.Recipe",
     filter_fn=None,
     *,
     pad_to_16: bool = False,
@@ -30,9 +32,18 @@ def quantize_(
     fast_accum: bool = True,
     strict: bool = False,
 ) -> nn.Module:
-    """Replace each `nn.Linear` weight of `model` with a QuantizedTensor, in place.
+    """Replace each `nn.Linear` weight of `model` with a QuantizedTensor, in place; or,
+    given a training `lowp.Recipe`, convert the model for training.
 
-    The weight is stored (out_features, in_features) and quantized with
+    One entry point, two meanings, told apart by the type of `config`: an
+    `InferenceConfig` or a **string** means inference (a string always names an
+    inference preset, even where a recipe has the same name, as "float8_rowwise" and
+    "mxfp8" do); a `lowp.Recipe` **object** means training, and the call is
+    `convert_to_training(model, config, filter_fn, kernel=kernel, pad_to_16=pad_to_16)`
+    (see there; `fast_accum` and `strict` are inference options and are refused with a
+    Recipe, whose GemmSpecs fix fast accumulation per GEMM).
+
+    For inference: the weight is stored (out_features, in_features) and quantized with
     `config.weight`, scaled along in_features where the scheme has an axis (spec §8,
     §9). When `config.activation` is set, each call quantizes the input with it
     (dynamically: fresh scales per call) and runs the GEMM through `scaled_matmul`;
@@ -43,7 +54,8 @@ def quantize_(
     Args:
       model: any module; its nn.Linear submodules (shared ones once) are converted.
       config: a `lowp.InferenceConfig`, or a preset name from
-        `lowp.InferenceConfig.names()` ("float8_rowwise", "mxfp8", "nvfp4", ...).
+        `lowp.InferenceConfig.names()` ("float8_rowwise", "mxfp8", "nvfp4", ...); or
+        a `lowp.Recipe` for training (`lowp.Recipe.from_name("mxfp8")`).
       filter_fn: `filter_fn(module, name) -> bool`; only linears it accepts are
         quantized (skip, say, an lm_head whose in_features no MX block divides).
       pad_to_16, kernel, fast_accum, strict: the weight's `LinearConfig` (see there).
@@ -51,10 +63,10 @@ def quantize_(
         multiple of 16 is refused here, naming it.
 
     Returns:
-      `model`, for chaining.
+      `model`, for chaining (for a Recipe and a bare nn.Linear model, the new layer).
 
     Raises:
-      TypeError: `config` is a training `lowp.Recipe`, or not a config at all.
+      TypeError: `config` is not a config at all.
       ValueError: naming the layer, for a weight the scheme cannot quantize (a block
         that does not divide in_features, an odd in_features for fp4, ...), or whose
         shape an explicitly requested fp8 kernel cannot take. Nothing is skipped
@@ -66,6 +78,15 @@ def quantize_(
     >>> type(model[0].weight).__name__, model(torch.zeros(2, 64)).shape
     ('QuantizedTensor', torch.Size([2, 32]))
     """
+    if isinstance(config, lowp.Recipe):
+        if not fast_accum or strict:
+            raise ValueError(
+                f"quantize_: fast_accum and strict configure inference; the training recipe "
+                f"{config.name!r} sets fast accumulation per GEMM (GemmSpec.fast_accum)"
+            )
+        return _training_linear.convert_to_training(
+            model, config, filter_fn, kernel=kernel, pad_to_16=pad_to_16
+        )
     config = _inference_config(config)
     if filter_fn is not None and not callable(filter_fn):
         raise TypeError(f"filter_fn must be callable(module, name) -> bool, got {filter_fn!r}")
@@ -214,15 +235,76 @@ def load_quantized(
     return model
 
 
+def to_inference(
+    model: nn.Module,
+    config: "lowp.InferenceConfig | str",
+    filter_fn=None,
+    *,
+    pad_to_16: bool = False,
+    kernel: str = "auto",
+    fast_accum: bool = True,
+    strict: bool = False,
+) -> nn.Module:
+    """Turn a model converted for training back into `quantize_`'s inference form, in place.
+
+    Each `lowp_torch.Linear` becomes a plain nn.Linear holding the same (trained)
+    weight and bias, and its weight is then quantized by `quantize_` with `config`: the
+    bytes a fresh `quantize_` of the float model gives. Layers that were not converted
+    for training (left out by convert_to_training's filter_fn) stay as they are.
+
+    Args:
+      model: a model from `convert_to_training` (or `quantize_` with a Recipe).
+      config: a `lowp.InferenceConfig` or an inference preset name.
+      filter_fn, pad_to_16, kernel, fast_accum, strict: as for `quantize_`, applied to
+        the converted layers (one filter_fn rejects becomes a high-precision nn.Linear).
+
+    Returns:
+      `model`; if `model` itself is a lowp_torch.Linear, the new quantized nn.Linear.
+      On an error (a layer `config` cannot quantize, named) the model is left as it was.
+
+    >>> import torch, lowp_torch
+    >>> model = lowp_torch.convert_to_training(torch.nn.Sequential(torch.nn.Linear(64, 32)), "mxfp8")
+    >>> model = lowp_torch.to_inference(model, "mxfp8")
+    >>> type(model[0]).__name__, type(model[0].weight).__name__
+    ('Linear', 'QuantizedTensor')
+    """
+    config = _inference_config(config)
+    plain, trained = {}, {}  # id(lowp_torch.Linear) -> the nn.Linear replacing it, and back
+    for module in model.modules():
+        if isinstance(module, _training_linear.Linear):
+            linear = _plain_linear(module)
+            plain[id(module)], trained[id(linear)] = linear, module
+
+    def chosen(module, name):
+        return id(module) in trained and (filter_fn is None or filter_fn(module, name))
+
+    kwargs = {"pad_to_16": pad_to_16, "kernel": kernel, "fast_accum": fast_accum, "strict": strict}
+    if isinstance(model, _training_linear.Linear):
+        return quantize_(plain[id(model)], config, chosen, **kwargs)
+    _training_linear.swap_children(model, plain)
+    try:
+        return quantize_(model, config, chosen, **kwargs)
+    except (TypeError, ValueError):
+        _training_linear.swap_children(model, trained)  # quantize_ changed nothing: undo the swap
+        raise
+
+
+def _plain_linear(layer) -> nn.Linear:
+    """An nn.Linear holding `layer`'s Parameters (no copy)."""
+    with torch.device("meta"):
+        linear = nn.Linear(layer.in_features, layer.out_features, bias=False)
+    linear.weight, linear.bias = layer.weight, layer.bias
+    return linear
+
+
 def _inference_config(config) -> "lowp.InferenceConfig":
     if isinstance(config, str):
         return lowp.InferenceConfig.from_name(config)
     if isinstance(config, lowp.Recipe):
         raise TypeError(
-            f"quantize_ takes an inference config (lowp.InferenceConfig or a preset name), got the "
-            f"training recipe {config.name!r}. Training conversion is a separate lowp_torch API "
-            f"(the training issue), not built yet; for inference use "
-            f"lowp.InferenceConfig.from_name({config.name!r}) where that preset exists"
+            f"expected an inference config (lowp.InferenceConfig or a preset name), got the "
+            f"training recipe {config.name!r}; use lowp.InferenceConfig.from_name({config.name!r}) "
+            "where that preset exists"
         )
     if not isinstance(config, lowp.InferenceConfig):
         raise TypeError(f"expected a lowp.InferenceConfig or a preset name, got {config!r}")
