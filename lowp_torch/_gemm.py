@@ -55,11 +55,12 @@ def scaled_matmul(
         groups run along K). Any scheme pair runs emulated; the kernels take the pairs
         listed in this module's docstring.
       out_dtype: float32, bfloat16 or float16; default a.hp_dtype (the activation's).
-      bias: (N,), added in float32 before the one rounding to out_dtype (emulated), or
-        in the kernel's float32 epilogue as a 16-bit vector (scaled_mm tensorwise and
-        rowwise with a 16-bit output, fbgemm rowwise). Where a kernel has no bias input
-        (fbgemm's tensorwise f8f8bf16, cuBLAS block scaling, float32 output) it is added
-        in float32 to the rounded output, which rounds a second time.
+      bias: (N,), added in float32 before the one rounding to out_dtype: in the
+        kernel's epilogue where it takes one (scaled_mm tensorwise and rowwise with a
+        bias of the 16-bit output dtype; fbgemm rowwise), else to the kernel's float32
+        output (emulated, a float32 bias or output, cuBLAS block scaling). fbgemm's
+        tensorwise f8f8bf16 has neither a bias input nor a float32 output: there the
+        bias is added to the rounded bfloat16 output, which rounds a second time.
       kernel: "auto", "scaled_mm", "fbgemm" or "emulated".
       fast_accum: Hopper's fast fp8 accumulation (tensorwise/rowwise kernels only).
       pad_to_16: zero-pad K and N to multiples of 16 for the fp8 kernels.
@@ -105,25 +106,28 @@ def scaled_matmul(
         return _block_scaled_mm(a, b, form, out_dtype, bias)
     elif kernel == "scaled_mm":
         a_codes, b_codes, a_scale, b_scale, n = _padded_operands(a, b, form, pad_to_16)
-        # A 16-bit bias goes to the kernel's float32 epilogue (added before the one
-        # rounding); cuBLAS's block-scaled path and a float32 output get it added after.
-        epilogue_bias = bias is not None and out_dtype != torch.float32 and form != "block"
-        if epilogue_bias:
-            bias_in = F.pad(bias.to(out_dtype), (0, b_codes.shape[0] - n))
+        # A bias of the output's 16-bit dtype goes to the kernel's float32 epilogue
+        # (added before the one rounding). Otherwise (a float32 bias, a float32 output,
+        # cuBLAS's block-scaled path, which takes no bias) the kernel writes float32 and
+        # the bias is added to that, so the result is still rounded once.
+        epilogue_bias = (
+            bias is not None and bias.dtype == out_dtype != torch.float32 and form != "block"
+        )
+        kernel_dtype = out_dtype if bias is None or epilogue_bias else torch.float32
         y = torch._scaled_mm(
             a_codes,
             b_codes.t(),
             scale_a=a_scale,
             scale_b=b_scale,
-            bias=bias_in if epilogue_bias else None,
-            out_dtype=out_dtype,
+            bias=F.pad(bias, (0, b_codes.shape[0] - n)) if epilogue_bias else None,
+            out_dtype=kernel_dtype,
             use_fast_accum=fast_accum
             and form != "block",  # cuBLAS block scaling: exact accumulation
         )
         y = y[:, :n]
         if bias is None or epilogue_bias:
             return y
-        return (y.to(torch.float32) + bias.to(torch.float32)).to(out_dtype)
+        return (y + bias.to(torch.float32)).to(out_dtype)
     elif kernel == "fbgemm":
         a_codes, b_codes, a_scale, b_scale, n = _padded_operands(a, b, form, pad_to_16)
         ops = torch.ops.fbgemm
@@ -132,26 +136,32 @@ def scaled_matmul(
             if _fbgemm_takes_float_scale():  # some builds declare `float scale`: a host sync
                 scale = float(scale)
             y = ops.f8f8bf16(a_codes, b_codes, scale, use_fast_accum=fast_accum)
-        elif b_codes.dim() == 2:
-            y = ops.f8f8bf16_rowwise(
-                a_codes,
-                b_codes,
-                a_scale.reshape(-1),
-                b_scale.reshape(-1),
-                use_fast_accum=fast_accum,
-            )
         else:
-            batch = b_codes.shape[0]
-            y = ops.f8f8bf16_rowwise_batched(
-                a_codes,
-                b_codes,
-                a_scale.reshape(batch, -1),
-                b_scale.reshape(batch, -1),
-                bias=None
-                if bias is None
-                else F.pad(bias.to(torch.bfloat16), (0, b_codes.shape[-2] - n)),
-                use_fast_accum=fast_accum,
-            )
+            # The rowwise kernels add a float32 bias before their one rounding; a
+            # bfloat16 bias they add after it (measured on the H200: one bf16 ulp past
+            # the §7 bound), so the bias always goes in as float32.
+            bias_in = None
+            if bias is not None:
+                bias_in = F.pad(bias.to(torch.float32), (0, b_codes.shape[-2] - n))
+            if b_codes.dim() == 2:
+                y = ops.f8f8bf16_rowwise(
+                    a_codes,
+                    b_codes,
+                    a_scale.reshape(-1),
+                    b_scale.reshape(-1),
+                    bias=bias_in,
+                    use_fast_accum=fast_accum,
+                )
+            else:
+                batch = b_codes.shape[0]
+                y = ops.f8f8bf16_rowwise_batched(
+                    a_codes,
+                    b_codes,
+                    a_scale.reshape(batch, -1),
+                    b_scale.reshape(batch, -1),
+                    bias=bias_in,
+                    use_fast_accum=fast_accum,
+                )
         y = y[..., :n]
         if bias is None or form == "rowwise":
             return y
@@ -225,11 +235,6 @@ def kernel_problem(kernel: str, a, b, form: str | None, out_dtype: torch.dtype) 
             _qtensor.scheme_of(b).fmt,
         ) != (_E4M3, _E4M3):
             return "fbgemm's f8f8bf16 kernels take tensorwise or rowwise float8_e4m3fn operands"
-        if form == "rowwise":
-            # On the H200 (torch 2.11, fbgemm-gpu-genai 1.6.0) this path gave 3.7 dB
-            # against the exact product while f8f8bf16 (tensorwise) passed: refused
-            # until the cause is found, rather than returning wrong numbers.
-            return "lowp's fbgemm rowwise path failed its H200 check (wrong products); use scaled_mm"
         if out_dtype != torch.bfloat16:
             return f"fbgemm's f8f8bf16 kernels write bfloat16, not {out_dtype}"
         if a.dim() != b.dim() or b.dim() not in (2, 3) or (b.dim() == 3 and form != "rowwise"):

@@ -212,9 +212,13 @@ def test_cuda_kernels_match_exact_product(pair, kernel, fast_accum):
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: fp8 GEMM kernels")
+@pytest.mark.parametrize("bias_dtype", [torch.float32, torch.bfloat16], ids=["f32_bias", "bf16_bias"])
 @pytest.mark.parametrize("kernel", ["scaled_mm", "fbgemm"])
-def test_cuda_padding_runs_unaligned_layers(kernel):
+def test_cuda_padding_runs_unaligned_layers(kernel, bias_dtype):
+    """Padded K and N, with a bias: one rounding, whether the bias rides in the
+    kernel's epilogue (bf16) or is added to a float32 kernel output (f32)."""
     a, b, bias = _operands(PAIRS["float8_rowwise"], m=8, k=200, n=40, device="cuda")
+    bias = bias.to(bias_dtype)
     why = _gemm.kernel_problem(kernel, a, b, "rowwise", torch.bfloat16)
     if why is not None:
         pytest.skip(why)
