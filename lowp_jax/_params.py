@@ -78,10 +78,10 @@ def to_inference(trained, config, filter_fn=None, *, impl: str = "auto"):
       a converted copy (the trained model is left as it is).
 
     >>> import jax, jax.numpy as jnp, flax.linen as nn, lowp_jax
-    >>> dense = nn.Dense(8, dot_general_cls=lowp_jax.training_dot_general_cls("mxfp8"))
-    >>> params = dense.init(jax.random.key(0), jnp.ones((1, 64)))
+    >>> dense = nn.Dense(64, dot_general_cls=lowp_jax.training_dot_general_cls("mxfp8"))
+    >>> params = dense.init(jax.random.key(0), jnp.ones((64, 128)))
     >>> lowp_jax.to_inference(params, "mxfp8")["params"]["kernel"].shape
-    (8, 64)
+    (64, 128)
     """
     nnx = _nnx()
     if nnx is not None and isinstance(trained, nnx.Module):

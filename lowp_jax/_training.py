@@ -112,11 +112,11 @@ def training_dot_general(
         float32 / bfloat16 / float16, or a recipe that is not one.
 
     >>> import jax, jax.numpy as jnp, lowp_jax
-    >>> x, kernel = jnp.ones((4, 8, 64)), jnp.full((64, 32), 0.5)  # flax layout (K, N)
+    >>> x, kernel = jnp.ones((2, 32, 128)), jnp.full((128, 64), 0.5)  # flax layout (K, N)
     >>> dims = (((2,), (0,)), ((), ()))
     >>> loss = lambda k: lowp_jax.training_dot_general(x, k, dims, recipe="mxfp8").sum()
     >>> jax.grad(loss)(kernel)[0, :3].tolist()
-    [32.0, 32.0, 32.0]
+    [64.0, 64.0, 64.0]
     """
     recipe = as_recipe(recipe)
     if impl not in _dot.IMPLS:
@@ -301,9 +301,9 @@ def training_operands(x, w, g, recipe) -> dict:
 
     >>> import jax.numpy as jnp, lowp_jax
     >>> ops = lowp_jax.training_operands(
-    ...     jnp.ones((4, 32)), jnp.ones((64, 32)), jnp.ones((4, 64)), "float8_rowwise_gw_hp")
+    ...     jnp.ones((64, 128)), jnp.ones((64, 128)), jnp.ones((64, 64)), "float8_rowwise_gw_hp")
     >>> [q.shape for q in ops["dgrad"]], ops["wgrad"]
-    ([(4, 64), (32, 64)], None)
+    ([(64, 64), (128, 64)], None)
     """
     recipe = as_recipe(recipe)
     x, w, g = (_operands.hp(t, name) for t, name in ((x, "x"), (w, "w"), (g, "g")))
@@ -344,11 +344,11 @@ class TrainingDotGeneral:
 
     >>> import jax, jax.numpy as jnp, lowp_jax
     >>> from flax import nnx
-    >>> layer = nnx.Linear(64, 32, dot_general=lowp_jax.TrainingDotGeneral("mxfp8"),
+    >>> layer = nnx.Linear(128, 64, dot_general=lowp_jax.TrainingDotGeneral("mxfp8"),
     ...                    rngs=nnx.Rngs(0))
-    >>> grads = nnx.grad(lambda m: m(jnp.ones((32, 64))).sum())(layer)
+    >>> grads = nnx.grad(lambda m: m(jnp.ones((64, 128))).sum())(layer)
     >>> grads["kernel"].shape
-    (64, 32)
+    (128, 64)
     """
 
     recipe: lowp.Recipe
@@ -392,10 +392,10 @@ def training_dot_general_cls(recipe, impl: str = "auto"):
     returning `TrainingDotGeneral(recipe, impl)`.
 
     >>> import jax, jax.numpy as jnp, flax.linen as nn, lowp_jax
-    >>> dense = nn.Dense(32, dot_general_cls=lowp_jax.training_dot_general_cls("float8_rowwise"))
-    >>> params = dense.init(jax.random.key(0), jnp.ones((2, 64)))
-    >>> jax.grad(lambda p: dense.apply(p, jnp.ones((2, 64))).sum())(params)["params"]["kernel"].shape
-    (64, 32)
+    >>> dense = nn.Dense(64, dot_general_cls=lowp_jax.training_dot_general_cls("float8_rowwise"))
+    >>> params = dense.init(jax.random.key(0), jnp.ones((64, 128)))
+    >>> jax.grad(lambda p: dense.apply(p, jnp.ones((64, 128))).sum())(params)["params"]["kernel"].shape
+    (128, 64)
     """
     return functools.partial(TrainingDotGeneral, as_recipe(recipe), impl)
 

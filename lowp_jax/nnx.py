@@ -41,9 +41,9 @@ class Linear(nnx.Linear):
     >>> nnx.update(layer, lowp_jax.quantize_params(nnx.state(layer), "mxfp8"))
     >>> type(layer.kernel[...]).__name__, layer(jnp.ones((2, 3, 64))).shape
     ('QArray', (2, 3, 8))
-    >>> trained = lowp_jax.nnx.Linear(64, 8, recipe="float8_rowwise", rngs=nnx.Rngs(0))
-    >>> nnx.grad(lambda m: m(jnp.ones((4, 64))).sum())(trained)["kernel"].shape
-    (64, 8)
+    >>> trained = lowp_jax.nnx.Linear(128, 64, recipe="float8_rowwise", rngs=nnx.Rngs(0))
+    >>> nnx.grad(lambda m: m(jnp.ones((64, 128))).sum())(trained)["kernel"].shape
+    (128, 64)
     """
 
     def __init__(
