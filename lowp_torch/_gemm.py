@@ -9,7 +9,8 @@ The kernels, one branch each in `scaled_matmul`:
 
 - "scaled_mm": `torch._scaled_mm` on CUDA sm_89+ for tensorwise x tensorwise and rowwise
   x rowwise float8 (scales are the stored decode scales d: `_scaled_mm` multiplies by
-  them, spec §3.1); 1x128 x 128x128 (or 1x128 x 1x128) block scales on sm_90 (cuBLAS >=
+  them, spec §3.1; a tensorwise operand beside a rowwise one runs as rowwise, its scale
+  repeated per row); 1x128 x 128x128 (or 1x128 x 1x128) block scales on sm_90 (cuBLAS >=
   12.9); MX and NVFP4 block-scaled GEMMs through `torch.nn.functional.scaled_mm` on
   sm_100+, scales in the cublas_blocked layout (spec §5).
 - "fbgemm": `torch.ops.fbgemm.f8f8bf16` (tensorwise), `f8f8bf16_rowwise` and
@@ -35,6 +36,9 @@ from lowp_torch import _config, _log, _qtensor, _quantize, _storage
 
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 _E4M3 = "float8_e4m3fn"
+# The rowwise kernels take rowwise operands along K, or one tensorwise operand beside a
+# rowwise one (float8_rowwise_gw_hp's dgrad), its scale repeated per row (`_row_scales`).
+_ROWWISE = (_schemes.AxisScaling, _schemes.TensorScaling)
 
 
 def scaled_matmul(
@@ -47,6 +51,7 @@ def scaled_matmul(
     fast_accum: bool = False,
     pad_to_16: bool = False,
     name: str = "scaled_matmul",
+    dim_names: tuple[str, str] = ("in_features", "out_features"),
 ) -> torch.Tensor:
     """`a @ b.T + bias` for quantized a (M, K) and b (N, K), or batched (B, M, K), (B, N, K).
 
@@ -65,6 +70,8 @@ def scaled_matmul(
       fast_accum: Hopper's fast fp8 accumulation (tensorwise/rowwise kernels only).
       pad_to_16: zero-pad K and N to multiples of 16 for the fp8 kernels.
       name: the layer, for errors and logs.
+      dim_names: what the caller calls K and N, for the shape messages (a linear's
+        forward: in_features, out_features; its wgrad: the tokens, in_features).
 
     Returns:
       A plain tensor (..., M, N) of out_dtype on the operands' device.
@@ -83,11 +90,11 @@ def scaled_matmul(
         )
     form = gemm_form(a, b)
     if kernel == "auto":
-        kernel = _choose_kernel(a, b, form, out_dtype, pad_to_16, name)
+        kernel = _choose_kernel(a, b, form, out_dtype, pad_to_16, name, dim_names)
     elif kernel in ("scaled_mm", "fbgemm"):
         why = kernel_problem(kernel, a, b, form, out_dtype)
         if why is None and not (pad_to_16 and form in ("tensorwise", "rowwise", "block")):
-            why = shape_problem(a, b)
+            why = shape_problem(a, b, dim_names)
             why = why and f"{why} (pass pad_to_16=True to zero-pad it, or kernel='emulated')"
         if why is not None:
             raise ValueError(f"{name}: kernel={kernel!r} cannot run this GEMM: {why}")
@@ -177,7 +184,7 @@ def gemm_form(a, b) -> str | None:
     fp8 = sa.fmt in _FP8 and sb.fmt in _FP8 and (sa.fmt, sb.fmt) != ("float8_e5m2",) * 2
     if isinstance(sa, _schemes.TensorScaling) and isinstance(sb, _schemes.TensorScaling) and fp8:
         return "tensorwise"
-    if isinstance(sa, _schemes.AxisScaling) and isinstance(sb, _schemes.AxisScaling):
+    if isinstance(sa, _ROWWISE) and isinstance(sb, _ROWWISE):  # not both tensorwise, here
         return "rowwise" if fp8 and last_a and last_b else None
     if isinstance(sa, _schemes.BlockScaling) and isinstance(sb, _schemes.BlockScaling):
         blocks_fit = sa.block == (1, 128) and sb.block in ((128, 128), (1, 128))
@@ -243,13 +250,13 @@ def kernel_problem(kernel: str, a, b, form: str | None, out_dtype: torch.dtype) 
     raise ValueError(f"unknown kernel {kernel!r}")
 
 
-def shape_problem(a, b) -> str | None:
+def shape_problem(a, b, dim_names=("in_features", "out_features")) -> str | None:
     """The fp8 kernels' 16-byte alignment rule: K and N multiples of 16 (M is free)."""
     k, n = a.shape[-1], b.shape[-2]
     if k % 16:
-        return f"K={k} (in_features) is not a multiple of 16, which the fp8 kernels need"
+        return f"K={k} ({dim_names[0]}) is not a multiple of 16, which the fp8 kernels need"
     if n % 16:
-        return f"N={n} (out_features) is not a multiple of 16, which the fp8 kernels need"
+        return f"N={n} ({dim_names[1]}) is not a multiple of 16, which the fp8 kernels need"
     return None
 
 
@@ -275,13 +282,13 @@ def _check_operands(a, b, name: str) -> None:
         raise ValueError(f"{name}: a is on {a.device}, b on {b.device}")
 
 
-def _choose_kernel(a, b, form, out_dtype, pad_to_16: bool, name: str) -> str:
+def _choose_kernel(a, b, form, out_dtype, pad_to_16: bool, name: str, dim_names) -> str:
     """kernel="auto": the first kernel that can run, with the reasons logged."""
     notes = []
     for kernel in ("scaled_mm", "fbgemm"):
         why = kernel_problem(kernel, a, b, form, out_dtype)
         if why is None:
-            shape_why = shape_problem(a, b)
+            shape_why = shape_problem(a, b, dim_names)
             if shape_why is None or (pad_to_16 and form in ("tensorwise", "rowwise", "block")):
                 padded = "" if shape_why is None else f" (zero-padded: {shape_why})"
                 _log.debug(
@@ -291,7 +298,7 @@ def _choose_kernel(a, b, form, out_dtype, pad_to_16: bool, name: str) -> str:
             _log.warn_once(
                 f"shape:{name}:{tuple(a.shape)}x{tuple(b.shape)}",
                 f"{name}: {shape_why}, so this {form} GEMM runs emulated (dequantize, float32 "
-                f"matmul); quantize_(..., pad_to_16=True) pads it for {kernel}",
+                f"matmul); pad_to_16=True (quantize_, convert_to_training) pads it for {kernel}",
             )
             why = shape_why
         notes.append(f"{kernel}: {why}")
@@ -314,10 +321,8 @@ def _padded_operands(a, b, form: str, pad: bool):
     if form == "tensorwise":
         a_scale, b_scale = a.scale, b.scale
     elif form == "rowwise":
-        a_scale = a.scale.reshape(a.scale.shape[:-2] + (-1, 1))  # (M, 1): one per row of a
-        b_scale = F.pad(
-            b.scale.reshape(b.scale.shape[:-2] + (1, -1)), (0, pad_n), value=1.0
-        )  # (1, N)
+        a_scale = _row_scales(a).unsqueeze(-1)  # (M, 1): one per row of a
+        b_scale = F.pad(_row_scales(b).unsqueeze(-2), (0, pad_n), value=1.0)  # (1, N)
     elif form == "block":
         # torch._scaled_mm wants 1x128 scales outer-dim-major (M, K/128) with strides
         # (1, M), and a 128x128 weight's (N/128, K/128) scales seen transposed.
@@ -329,6 +334,15 @@ def _padded_operands(a, b, form: str, pad: bool):
     else:
         raise ValueError(f"no fp8 kernel operands for {form}")
     return a_codes, b_codes, a_scale, b_scale, n
+
+
+def _row_scales(q) -> torch.Tensor:
+    """One decode scale per row of q, shaped q.shape[:-1]: its rowwise scales, or its
+    tensorwise scale repeated (cuBLAS has no tensorwise x rowwise kernel; torchao
+    repeats the scale the same way for this pair)."""
+    if isinstance(_qtensor.scheme_of(q), _schemes.TensorScaling):
+        return q.scale.expand(q.shape[:-1]).contiguous()
+    return q.scale.reshape(q.shape[:-1])
 
 
 def _pad_codes(codes: torch.Tensor, widths: tuple[int, ...]) -> torch.Tensor:

@@ -30,6 +30,11 @@ PAIRS.update(
     {
         "tensor_e5m2_x_e4m3": (lowp.TensorScaling(E5M2), lowp.TensorScaling(E4M3)),
         "rowwise_pow2": (lowp.AxisScaling(E4M3, pow2=True), lowp.AxisScaling(E4M3, pow2=True)),
+        # float8_rowwise_gw_hp's dgrad: dy rowwise, w tensorwise.
+        "rowwise_x_tensor": (
+            lowp.AxisScaling(E4M3, pow2=True),
+            lowp.TensorScaling(E4M3, pow2=True),
+        ),
         "block_1x128_x_1x128": (
             lowp.BlockScaling(block=(1, 128)),
             lowp.BlockScaling(block=(1, 128)),
@@ -118,6 +123,7 @@ def test_gemm_forms():
         "nvfp4": "nvfp4",
         "tensor_e5m2_x_e4m3": "tensorwise",
         "rowwise_pow2": "rowwise",
+        "rowwise_x_tensor": "rowwise",
         "block_1x128_x_1x128": "block",
         "mx_e5m2": "mx",
         "mx_fp6": None,
@@ -147,7 +153,14 @@ def test_unaligned_shapes_raise_for_an_explicit_kernel_and_emulate_under_auto(mo
 
 
 @pytest.mark.parametrize(
-    "pair", ["float8_tensorwise", "float8_rowwise", "float8_block", "block_1x128_x_1x128"]
+    "pair",
+    [
+        "float8_tensorwise",
+        "float8_rowwise",
+        "rowwise_x_tensor",
+        "float8_block",
+        "block_1x128_x_1x128",
+    ],
 )
 def test_padding_is_exact(pair):
     """Zero-padded codes with the kernel-layout scales multiply to the unpadded product:
@@ -186,6 +199,7 @@ def _kernel_product(a, b, form, pad):
     [
         "float8_tensorwise",
         "float8_rowwise",
+        "rowwise_x_tensor",
         "float8_block",
         "block_1x128_x_1x128",
         "mxfp8",
