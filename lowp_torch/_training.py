@@ -290,7 +290,16 @@ def _product(a, b, spec, out_dtype, lowering, gemm: str, bias=None) -> torch.Ten
         fast_accum=spec.fast_accum,
         pad_to_16=lowering.pad_to_16,
         name=f"{lowering.name} {gemm}",
+        dim_names=_GEMM_DIMS[gemm],
     )
+
+
+# What each GEMM's K and N are in a linear layer's terms, for scaled_matmul's messages.
+_GEMM_DIMS = {
+    "forward": ("in_features", "out_features"),
+    "dgrad": ("out_features", "in_features"),
+    "wgrad": ("tokens", "in_features"),
+}
 
 
 # --- shape checks, before any GEMM runs ---

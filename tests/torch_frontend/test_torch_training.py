@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 import lowp
 import lowp_torch
+from lowp_torch import _gemm
 
 RECIPES = lowp.Recipe.names()
 K, N = 128, 96
@@ -391,6 +392,19 @@ def test_input_errors_name_the_layer_before_any_gemm():
         match=r"^0: the input has M=40 tokens .*kernel='scaled_mm' needs a multiple of 16",
     ):
         strict(torch.randn(5, 8, 64))
+
+
+def test_auto_emulates_a_misaligned_gemm_and_names_its_dim(monkeypatch, caplog):
+    """Pretend a GPU whose kernels could run, so only the 16-alignment rule decides:
+    each GEMM's message names its own K (forward: in_features; dgrad: out_features;
+    wgrad: the tokens)."""
+    monkeypatch.setattr(_gemm, "kernel_problem", lambda *args: None)
+    layer = lowp_torch.Linear(40, 24, recipe="float8_rowwise", name="fc")
+    with caplog.at_level(logging.WARNING, logger="lowp_torch"):
+        layer(torch.randn(5, 8, 40, requires_grad=True)).sum().backward()
+    assert "fc forward: K=40 (in_features) is not a multiple of 16" in caplog.text
+    assert "fc dgrad: K=24 (out_features) is not a multiple of 16" in caplog.text
+    assert "fc wgrad: K=40 (tokens) is not a multiple of 16" in caplog.text
 
 
 # --- the GPU: the fp8 kernels (run where CUDA is; the CPU run skips) ---
