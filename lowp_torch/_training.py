@@ -266,7 +266,7 @@ class _LinearFunction(torch.autograd.Function):
             out_dtype = ctx.w_dtype if main_grad is None else torch.float32
             g_kept = _gradient_for_wgrad(g2, dgrad, recipe)
             wgrad = wgrad_operands(g_kept, keep_x, recipe, lowering.name)
-            if wgrad is None:  # float32 accumulation: float32 products and sums
+            if wgrad is None:  # high precision; for main_grad, float32 products and sums
                 compute = g2.dtype if main_grad is None else torch.float32
                 dw = (g2.t().to(compute) @ keep_x.to(compute)).to(out_dtype)
             else:
