@@ -9,11 +9,13 @@ Runs, on jax's default device:
   2. 1M random float32 inputs per scheme (default block sizes) with magnitudes over the
      whole float32 range, many groups each, so the scale divisions see every exponent;
      plus stochastic rounding on a few of them;
-  3. the CPU suite's grid (tests/jax_frontend/test_conformance.py): every scheme x format x rank
-     1-4 on the spec §6 edge cases, bfloat16/float16 inputs, stochastic rounding.
+  3. the cross-backend suite's quick plan (lowp._conformance): every scheme x format x
+     rank 1-4 on the spec §6 edge cases, bfloat16/float16 inputs, stochastic rounding,
+     empty tensors, every output dtype and the cuBLAS layout in part.
 Writes DIR/jax_gpu_conformance.json (after each part, so a run cut short still reports)
 and exits 1 on any mismatch of lowp_jax, or when a --time-limit cut the grid short (the
-native `/` count is informational). --quick runs a slice of each part.
+native `/` count is informational). --quick runs a slice of each part (the thin plan
+for part 3).
 """
 
 import argparse
@@ -27,42 +29,21 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import jax_cases as C
 
 import lowp
+from lowp._conformance import backends, cases, run
 from lowp_jax import _exact
 
 RANDOM_SHAPE = (8192, 128)  # 1M elements; 8192 rows of 128
 
 
-def grid(quick: bool):
-    """(label, shape, scheme, hp_dtype, run_case kwargs) as in test_conformance.py."""
-    out = []
-    for rank in (1, 2, 3, 4):
-        for s in C.schemes_for_rank(rank)[:: 7 if quick else 1]:
-            out.append(
-                ("float32 nearest", C.SHAPES[rank], s, "float32", {"every_out_dtype": rank == 2})
-            )
-    for s in C.schemes_for_rank(2)[0::2][:: 5 if quick else 1]:
-        out.append(("bfloat16 nearest", C.SHAPES[2], s, "bfloat16", {}))
-    for s in C.schemes_for_rank(3)[1::2][:: 5 if quick else 1]:
-        out.append(("float16 nearest", C.SHAPES[3], s, "float16", {}))
-    stochastic = C.schemes_for_rank(4)[0::2] + [lowp.NVFP4Scaling(block=8)]
-    for s in stochastic[:: 5 if quick else 1]:
-        kwargs = {"rounding": "stochastic", "seed": C.SEED, "offset": C.OFFSET}
-        out.append(("stochastic seed", C.SHAPES[4], s, "float32", kwargs))
-    for s in [lowp.MXScaling(f, mode=m) for f in C.ELEMENTS for m in ("floor", "rceil")][
-        :: 5 if quick else 1
-    ]:
-        out.append(("default blocks", (4, 256), s, "float32", {}))
-    return out
-
-
 def random_schemes():
     """Default block sizes: the shapes a model would use."""
     out = []
-    for fmt in C.ELEMENTS:
+    for fmt in cases.ELEMENTS:
         out += [lowp.TensorScaling(fmt), lowp.TensorScaling(fmt, pow2=True), lowp.AxisScaling(fmt)]
         out += [lowp.AxisScaling(fmt, axis=0, pow2=True), lowp.BlockScaling(fmt, block=(1, 128))]
         out += [lowp.BlockScaling(fmt, block=(128, 128))]
@@ -82,6 +63,14 @@ def random_input(rng, shape=RANDOM_SHAPE) -> np.ndarray:
     bad_rows = rng.choice(rows, size=8, replace=False)
     x[bad_rows, rng.integers(0, shape[1], 8)] = [np.nan, np.inf, -np.inf, np.nan] * 2
     return x
+
+
+def _check(backend, config, x, label, failures) -> list[str]:
+    """lowp._conformance's byte comparison of one case; a failure is described in `failures`."""
+    problems = run.check(backend, config, x)
+    if problems:
+        failures.append(f"[{label}] {config.id}:\n  " + "\n  ".join(problems))
+    return problems
 
 
 def main(argv=None) -> int:
@@ -171,52 +160,23 @@ def main(argv=None) -> int:
     write(report, failures)
 
     # 2. one million random inputs per scheme
+    backend = backends.JaxBackend(f"jax_{device.platform}", device.platform)
     t = time.time()
     rng = np.random.default_rng(2024)
-    random_results = []
-    schemes = random_schemes()[:: 6 if args.quick else 1]
-    for scheme in schemes:
-        x = random_input(rng)
-        errors = C.run_case(x, scheme, device=device)
-        random_results.append(
-            {"scheme": C.scheme_id(scheme), "elements": x.size, "differences": errors}
-        )
-        if errors:
-            failures.append(
-                "[1M random] " + C.describe("random magnitudes", scheme, "float32", errors)
-            )
-    for scheme in [
-        lowp.AxisScaling("float8_e5m2"),
-        lowp.MXScaling("float6_e2m3fn", mode="rceil"),
-        lowp.NVFP4Scaling(),
-    ]:
-        x = random_input(rng)
-        errors = C.run_case(
-            x, scheme, rounding="stochastic", seed=C.SEED, offset=C.OFFSET, device=device
-        )
-        random_results.append(
-            {
-                "scheme": C.scheme_id(scheme) + " stochastic",
-                "elements": x.size,
-                "differences": errors,
-            }
-        )
-        if errors:
-            failures.append(
-                "[1M random stochastic] "
-                + C.describe("random magnitudes", scheme, "float32", errors)
-            )
+    random_runs = [(s, "nearest") for s in random_schemes()[:: 6 if args.quick else 1]]
+    random_runs += [
+        (lowp.AxisScaling("float8_e5m2"), "stochastic"),
+        (lowp.MXScaling("float6_e2m3fn", mode="rceil"), "stochastic"),
+        (lowp.NVFP4Scaling(), "stochastic"),
+    ]
     # Many small groups: 262144 rows of 4, each with its own pair of scale divisions.
-    x = random_input(rng, (262144, 4))
-    errors = C.run_case(x, lowp.AxisScaling(), device=device)
-    random_results.append(
-        {"scheme": "AxisScaling on (262144, 4)", "elements": x.size, "differences": errors}
-    )
-    if errors:
-        failures.append(
-            "[1M random, 262144 groups] "
-            + C.describe("random magnitudes", lowp.AxisScaling(), "float32", errors)
-        )
+    random_runs.append((lowp.AxisScaling(), "nearest", (262144, 4)))
+    random_results = []
+    for scheme, rounding, *shape in random_runs:
+        x = random_input(rng, *shape)
+        config = cases.Configuration(scheme, x.shape, "float32", rounding)
+        errors = _check(backend, config, x, "1M random", failures)
+        random_results.append({"case": config.id, "elements": x.size, "differences": errors})
     report["random_1M"] = {"results": random_results, "seconds": round(time.time() - t, 1)}
     write(report, failures)
     print(
@@ -225,11 +185,11 @@ def main(argv=None) -> int:
     )
 
     # 3. the edge-case grid, last: it is the longest (one compilation per configuration)
-    cases = 0
+    count = 0
     t = time.time()
-    plan = grid(args.quick)
+    plan = cases.configurations("thin" if args.quick else "quick")
     done = 0
-    for n, (label, shape, scheme, hp_dtype, kwargs) in enumerate(plan):
+    for n, config in enumerate(plan):
         if args.time_limit and time.time() - start > args.time_limit:
             print(
                 f"  time limit: stopping the grid after {n} of {len(plan)} configurations",
@@ -237,11 +197,9 @@ def main(argv=None) -> int:
             )
             break
         done = n + 1
-        for name, x in C.edge_cases(shape, scheme, hp_dtype):
-            errors = C.run_case(x, scheme, device=device, **kwargs)
-            cases += 1
-            if errors:
-                failures.append(f"[{label}] " + C.describe(name, scheme, hp_dtype, errors))
+        for name, x in cases.inputs(config):
+            _check(backend, config, x, f"grid {name}", failures)
+            count += 1
         if n % 50 == 0:
             print(
                 f"  grid {n}/{len(plan)} configurations, {len(failures)} failing cases", flush=True
@@ -250,12 +208,12 @@ def main(argv=None) -> int:
         "configurations": len(plan),
         "configurations_run": done,
         "truncated_by_time_limit": done < len(plan),
-        "cases": cases,
+        "cases": count,
         "seconds": round(time.time() - t, 1),
     }
     write(report, failures)
 
-    report["complete"] = True
+    report["complete"] = not report["grid"]["truncated_by_time_limit"]
     path = write(report, failures)
     status = (
         "FAIL"
@@ -265,7 +223,7 @@ def main(argv=None) -> int:
         else "PASS"
     )
     print(
-        f"{status}: {cases} edge cases, {len(random_results)} x 1M random, "
+        f"{status}: {count} edge cases, {len(random_results)} x 1M random, "
         f"{len(failures)} failures, {report['seconds']} s -> {path}"
     )
     for line in failures[:10]:
