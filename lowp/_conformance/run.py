@@ -1,0 +1,92 @@
+"""Running the plan: one case checked, or a whole plan on several backends, counted.
+
+`check` is the one comparison every test and the CLI go through: the NumPy reference
+quantizes the input, the backend quantizes and dequantizes it, and `compare` lists the
+differences. `run_plan` counts cases and mismatches per scheme kind and backend (the
+matrix `lowp conformance` prints) and keeps the first mismatches in full.
+"""
+
+import dataclasses
+import time
+
+import numpy as np
+
+from lowp import _quantize
+from lowp._conformance import cases, compare
+
+MAX_RECORDED = 50  # mismatches kept in full per backend; all are counted
+
+
+def check(backend, config: cases.Configuration, x: np.ndarray) -> list[str]:
+    """How `backend` differs from the reference on input `x` of `config` ([]: identical)."""
+    ref = _quantize.quantize(x, config.scheme, **config.rounding_kwargs())
+    return compare.differences(x, ref, backend.run(config, x, ref))
+
+
+def plan_size(size: str, backend) -> str:
+    """The plan a backend runs for `size`: one smaller where each compile takes seconds."""
+    if size not in cases.SIZES:
+        raise ValueError(f"unknown conformance size {size!r}; expected one of {cases.SIZES}")
+    if backend.slow_compile and size != "thin":
+        return cases.SIZES[cases.SIZES.index(size) - 1]
+    return size
+
+
+@dataclasses.dataclass
+class Cell:
+    """Counts for one scheme kind on one backend."""
+
+    cases: int = 0
+    mismatches: int = 0
+    errors: int = 0
+
+    @property
+    def passed(self) -> bool:
+        return self.mismatches == 0 and self.errors == 0
+
+
+@dataclasses.dataclass
+class BackendRun:
+    """One backend's run of a plan."""
+
+    name: str
+    description: str
+    plan: str
+    cells: dict  # scheme kind -> Cell
+    failures: list  # {"configuration", "edge_case", "problems" or "error"}, the first MAX_RECORDED
+    seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.cells.values())
+
+
+def run_backend(backend, size: str, progress=None) -> BackendRun:
+    """Every case of the plan for `size` on `backend`. An exception in a case is counted
+    as an error of that case (with its message) and the run goes on.
+
+    progress(done, total), if given, is called after each configuration."""
+    start = time.time()
+    plan = plan_size(size, backend)
+    configurations = cases.configurations(plan)
+    cells = {kind: Cell() for kind in cases.KINDS}
+    failures = []
+    for n, config in enumerate(configurations):
+        cell = cells[config.kind]
+        for edge, x in cases.inputs(config):
+            cell.cases += 1
+            try:
+                problems = check(backend, config, x)
+            except Exception as err:  # noqa: BLE001 - a crash is a failed case, reported
+                cell.errors += 1
+                record = {"error": f"{type(err).__name__}: {err}"[:2000]}
+            else:
+                if not problems:
+                    continue
+                cell.mismatches += 1
+                record = {"problems": problems}
+            if len(failures) < MAX_RECORDED:
+                failures.append({"configuration": config.id, "edge_case": edge, **record})
+        if progress is not None:
+            progress(n + 1, len(configurations))
+    return BackendRun(backend.name, backend.describe(), plan, cells, failures, time.time() - start)
