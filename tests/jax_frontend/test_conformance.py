@@ -1,87 +1,42 @@
-"""lowp_jax against lowp, byte for byte, under jit (tier (a) of STYLE §7).
+"""lowp_jax against lowp, byte for byte, under jit: what the cross-backend suite leaves to it.
 
-Every scheme x element format x rank 1-4, on the edge cases of spec §6 and the rounding
-edges (tests/jax_frontend/jax_cases.py), for float32, bfloat16 and float16 inputs, nearest and
-stochastic rounding: the codes, scales and global scale of `to_lowp(jit(quantize)(x))`
-equal `lowp.quantize(x)`'s, and the dequantized float32/bfloat16/float16 outputs equal
-`lowp.dequantize`'s bit for bit. A failure names the case, the first differing element,
-its input bits and both outputs.
-
-Compilation dominates the run time, so it is bounded: each (scheme, rounding) is jitted
-once and fed every case of one shape; bfloat16 and float16 share the schemes at one rank
-each; stochastic rounding takes every other scheme at rank 4; dequantization goes to every
-output dtype for a third of the rank-2 schemes and to the input's dtype elsewhere.
+The grid (every scheme x element format x rank 1-4 x spec §6 edge case, float32 /
+bfloat16 / float16 inputs, nearest and seeded stochastic rounding, empty tensors, the
+cuBLAS layout, every output dtype) runs on jax_cpu and jax_gpu in tests/conformance/
+through lowp._conformance. Here: explicit and traced random bits, default block sizes,
+rank 0, other axes, hand-derived bytes, and products on the flush boundary where XLA on
+a CPU and IEEE part. A failure names the case, the first differing element, its input
+bits and both outputs.
 """
 
 import jax
 import jax.numpy as jnp
-import jax_cases as C
 import numpy as np
 import pytest
 
 import lowp
 import lowp_jax
+from lowp._conformance import backends, cases, compare, run
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered")
 
-
-def _cases(ranks):
-    return [(rank, s) for rank in ranks for s in C.schemes_for_rank(rank)]
+JAX_CPU = backends.get("jax_cpu")
 
 
-def _ids(cases):
-    return [f"r{rank}-{C.scheme_id(s)}" for rank, s in cases]
-
-
-def _check_all(shape, scheme, hp_dtype, **kwargs):
+def _check_all(config):
+    """Every edge case of `config` through jax_cpu's jitted quantize + dequantize."""
     failures = []
-    for name, x in C.edge_cases(shape, scheme, hp_dtype):
-        errors = C.run_case(x, scheme, **kwargs)
-        if errors:
-            failures.append(C.describe(name, scheme, hp_dtype, errors))
+    for edge, x in cases.inputs(config):
+        problems = run.check(JAX_CPU, config, x)
+        if problems:
+            failures.append(f"{config.id} [{edge}]:\n  " + "\n  ".join(problems))
     assert not failures, "\n".join(failures[:5])
 
 
-F32_CASES = _cases((1, 2, 3, 4))
-
-
-# These also dequantize to every output dtype (elsewhere: to the input's dtype only, and
-# the bfloat16/float16 tests cover those outputs from their own inputs).
-EVERY_OUT_DTYPE = set(_ids(_cases((2,))[::3]))
-
-
-@pytest.mark.parametrize("rank, scheme", F32_CASES, ids=_ids(F32_CASES))
-def test_float32_nearest(rank, scheme):
-    every = _ids([(rank, scheme)])[0] in EVERY_OUT_DTYPE
-    _check_all(C.SHAPES[rank], scheme, "float32", every_out_dtype=every)
-
-
-# bfloat16 and float16 only change the input conversion (tested exhaustively in
-# test_jax_exact.py), so they split the schemes between them: bfloat16 takes the even
-# entries of the rank-2 list, float16 the odd entries of the rank-3 list.
-BF16_CASES, F16_CASES = _cases((2,))[0::2], _cases((3,))[1::2]
-
-
-@pytest.mark.parametrize("rank, scheme", BF16_CASES, ids=_ids(BF16_CASES))
-def test_bfloat16_nearest(rank, scheme):
-    _check_all(C.SHAPES[rank], scheme, "bfloat16")
-
-
-@pytest.mark.parametrize("rank, scheme", F16_CASES, ids=_ids(F16_CASES))
-def test_float16_nearest(rank, scheme):
-    _check_all(C.SHAPES[rank], scheme, "float16")
-
-
-# Stochastic rounding changes only the element step, so every other entry of the
-# rank-4 list (every format with every scheme kind) covers it.
-STOCHASTIC_CASES = _cases((4,))[0::2] + [(4, lowp.NVFP4Scaling(block=8))]
-
-
-@pytest.mark.parametrize("rank, scheme", STOCHASTIC_CASES, ids=_ids(STOCHASTIC_CASES))
-def test_stochastic_with_seed(rank, scheme):
-    _check_all(
-        C.SHAPES[rank], scheme, "float32", rounding="stochastic", seed=C.SEED, offset=C.OFFSET
-    )
+def _differences(x, ref, q) -> list[str]:
+    """How lowp_jax's QArray q (and its dequantization) differs from lowp's `ref`."""
+    got = compare.Outputs(lowp_jax.to_lowp(q), {ref.hp_dtype: np.asarray(lowp_jax.dequantize(q))})
+    return compare.differences(x, ref, got)
 
 
 @pytest.mark.parametrize(
@@ -91,37 +46,41 @@ def test_stochastic_with_seed(rank, scheme):
         lowp.MXScaling("float6_e3m2fn", block=8, mode="ceil"),
         lowp.NVFP4Scaling(block=8),
     ],
-    ids=C.scheme_id,
+    ids=cases.scheme_id,
 )
 @pytest.mark.parametrize("hp_dtype", ["float32", "bfloat16"])
 def test_stochastic_with_explicit_random_bits(scheme, hp_dtype):
-    shape = C.SHAPES[2]
+    config = cases.Configuration(scheme, cases.SHAPES[2], hp_dtype)
     rng = np.random.default_rng(5)
+    quantize = jax.jit(
+        lambda x, r: lowp_jax.quantize(x, scheme, rounding="stochastic", random_bits=r)
+    )
     failures = []
-    for name, x in C.edge_cases(shape, scheme, hp_dtype):
-        r = rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32)
+    for edge, x in cases.inputs(config):
+        r = rng.integers(0, 2**32, size=x.shape, dtype=np.uint64).astype(np.uint32)
         r[0, :4] = [0, 2**32 - 1, 255, 256]  # the extremes of r >> 8
-        errors = C.run_case(x, scheme, rounding="stochastic", random=r)
-        if errors:
-            failures.append(C.describe(name, scheme, hp_dtype, errors))
+        ref = lowp.quantize(x, scheme, rounding="stochastic", random_bits=r)
+        problems = _differences(x, ref, quantize(x, r))
+        if problems:
+            failures.append(f"[{edge}] " + "\n  ".join(problems))
     assert not failures, "\n".join(failures[:5])
 
 
 def test_traced_seed_matches_a_static_one():
     scheme = lowp.MXScaling("float8_e4m3fn", block=8)
-    x = C.edge_cases(C.SHAPES[2], scheme, "float32")[0][1]
+    x = cases.make_input("random", cases.SHAPES[2], scheme)
     f = jax.jit(
         lambda x, seed, offset: lowp_jax.quantize(
             x, scheme, rounding="stochastic", seed=seed, offset=offset
         )
     )
     for seed, offset in [(0, 0), (-1, 3), (2**31 + 5, 2**32 - 1)]:
-        got = lowp_jax.to_lowp(f(x, jnp.uint32(seed % 2**32), jnp.uint32(offset)))
+        got = f(x, jnp.uint32(seed % 2**32), jnp.uint32(offset))
         ref = lowp.quantize(x, scheme, rounding="stochastic", seed=seed, offset=offset)
-        assert not C.compare_qtensors(x, ref, got), (seed, offset)
-    got = lowp_jax.to_lowp(f(x, jnp.int32(-1), jnp.int32(3)))  # int32 -1 is 2**32 - 1 mod 2**32
+        assert not _differences(x, ref, got), (seed, offset)
+    got = f(x, jnp.int32(-1), jnp.int32(3))  # int32 -1 is 2**32 - 1 mod 2**32
     ref = lowp.quantize(x, scheme, rounding="stochastic", seed=2**32 - 1, offset=3)
-    assert not C.compare_qtensors(x, ref, got)
+    assert not _differences(x, ref, got)
 
 
 # --- shapes the rank-1..4 grid leaves out ---------------------------------------------
@@ -129,58 +88,36 @@ def test_traced_seed_matches_a_static_one():
 
 @pytest.mark.parametrize(
     "scheme",
-    [lowp.MXScaling(fmt, mode=mode) for fmt in C.ELEMENTS for mode in ("floor", "rceil")]
+    [lowp.MXScaling(fmt, mode=mode) for fmt in cases.ELEMENTS for mode in ("floor", "rceil")]
     + [
         lowp.NVFP4Scaling(),
         lowp.NVFP4Scaling(global_scale=False),
         lowp.BlockScaling(block=(1, 128)),
     ],
-    ids=C.scheme_id,
+    ids=cases.scheme_id,
 )
 def test_default_block_sizes(scheme):
-    _check_all((4, 256), scheme, "float32")
+    _check_all(cases.Configuration(scheme, (4, 256)))
 
 
-@pytest.mark.parametrize("shape", [(0,), (0, 32), (4, 0), (2, 0, 32)])
-@pytest.mark.parametrize(
-    "scheme",
-    [
-        lowp.TensorScaling(),
-        lowp.AxisScaling(),
-        lowp.AxisScaling(axis=0),
-        lowp.MXScaling(),
-        lowp.NVFP4Scaling(),
-        lowp.NVFP4Scaling(global_scale=False),
-    ],
-    ids=C.scheme_id,
-)
-def test_empty_tensors(shape, scheme):
-    x = np.zeros(shape, np.float32)
-    assert not C.run_case(x, scheme)
-    if isinstance(scheme, lowp.NVFP4Scaling) and scheme.global_scale:
-        assert float(lowp_jax.quantize(x, scheme).global_scale) == 1.0
-
-
-@pytest.mark.parametrize("shape", [(0, 4), (3, 0), (2, 0, 5)])
-def test_empty_tensors_block_scaling(shape):
-    assert not C.run_case(np.zeros(shape, np.float32), lowp.BlockScaling(block=(2, 4)))
-
-
-@pytest.mark.parametrize("fmt", C.ELEMENTS[:-1])
+@pytest.mark.parametrize("fmt", cases.ELEMENTS[:-1])
 def test_rank0_tensor_scaling(fmt):
+    config = cases.Configuration(lowp.TensorScaling(fmt), ())
     for value in [0.0, -0.0, 3.5, -1e-40, np.nan, np.inf, 448.0, 3e38]:
-        x = np.array(value, np.float32)
-        assert not C.run_case(x, lowp.TensorScaling(fmt)), value
+        assert not run.check(JAX_CPU, config, np.array(value, np.float32)), value
 
 
 @pytest.mark.parametrize("axis", [0, 1, -2])
 def test_axis_scaling_on_other_axes(axis):
-    scheme = lowp.AxisScaling("float8_e4m3fn", axis=axis)
-    _check_all((5, 7, 3), scheme, "float32")
+    _check_all(cases.Configuration(lowp.AxisScaling("float8_e4m3fn", axis=axis), (5, 7, 3)))
 
 
 def test_mx_along_a_middle_axis():
-    _check_all((3, 16, 5), lowp.MXScaling("float8_e5m2", block=4, mode="rceil", axis=1), "float32")
+    _check_all(
+        cases.Configuration(
+            lowp.MXScaling("float8_e5m2", block=4, mode="rceil", axis=1), (3, 16, 5)
+        )
+    )
 
 
 # --- by hand (the lowp tests' hand-derived bytes, through lowp_jax) -----------------------
@@ -249,7 +186,8 @@ def test_nvfp4_block_scale_product_on_the_flush_tie():
     x[0, 0], x[0, 16:20] = amax, [block_amax, -block_amax / 2, block_amax / 3, 1e-40]
     ref = lowp.quantize(x, lowp.NVFP4Scaling())
     assert ref.scale[0, 1] == 0x03  # e4m3 code of 3 * 2**-9
-    assert not C.run_case(x, lowp.NVFP4Scaling(), every_out_dtype=True)
+    config = cases.Configuration(lowp.NVFP4Scaling(), x.shape, extras=True)
+    assert not run.check(JAX_CPU, config, x)
 
 
 def test_dequantize_product_rounding_up_to_the_smallest_normal():

@@ -6,13 +6,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import jax_cases as C
 import numpy as np
 import pytest
 from jax.experimental import checkify
 
 import lowp
 import lowp_jax
+from lowp._conformance import cases, compare
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered")
 
@@ -35,10 +35,15 @@ STORAGE = {
 
 
 def _x(shape=(4, 64), seed=0):
-    return C.edge_cases(shape, lowp.TensorScaling(), "float32", seed)[0][1]
+    return cases.make_input("random", shape, lowp.TensorScaling(), variant=seed)
 
 
-@pytest.mark.parametrize("scheme", SCHEMES, ids=C.scheme_id)
+def _differences(x, ref, got) -> list[str]:
+    """How the QTensor `got` differs from lowp's `ref` (codes, scales, metadata)."""
+    return compare.differences(x, ref, compare.Outputs(got, {}))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=cases.scheme_id)
 def test_storage_dtypes_and_shapes(scheme):
     q = lowp_jax.quantize(_x(), scheme)
     assert q.codes.dtype == STORAGE[scheme.fmt]
@@ -52,7 +57,7 @@ def test_storage_dtypes_and_shapes(scheme):
     )
 
 
-@pytest.mark.parametrize("scheme", SCHEMES, ids=C.scheme_id)
+@pytest.mark.parametrize("scheme", SCHEMES, ids=cases.scheme_id)
 def test_pytree_round_trip_and_jit_passthrough(scheme):
     q = lowp_jax.quantize(_x(), scheme)
     leaves, treedef = jax.tree_util.tree_flatten(q)
@@ -72,27 +77,34 @@ LAYOUT_CASES = [(s, "plain") for s in SCHEMES] + [
 ]  # the cublas_blocked layout exists for MX and NVFP4 scales only
 
 
-@pytest.mark.parametrize("scheme, layout", LAYOUT_CASES, ids=lambda v: v if isinstance(v, str) else C.scheme_id(v))
+@pytest.mark.parametrize(
+    "scheme, layout", LAYOUT_CASES, ids=lambda v: v if isinstance(v, str) else cases.scheme_id(v)
+)
 def test_to_and_from_lowp_are_exact(scheme, layout):
-    x = C.edge_cases((3, 64), scheme, "bfloat16")[2][1]  # has a NaN: poisoned group
+    # A NaN: a poisoned group.
+    x = cases.make_input("nan", (3, 64), scheme).astype(cases.HP_DTYPES["bfloat16"])
     qt = lowp.quantize(x, scheme)
     if layout == "cublas_blocked":
         qt = qt.with_scale_layout(layout)
     q = lowp_jax.from_lowp(qt)
     assert q.scale_layout == layout
     back = lowp_jax.to_lowp(q)
-    assert not C.compare_qtensors(x, qt, back)
-    for out_dtype in C.OUT_DTYPES:
-        assert not C.compare_arrays(
+    assert not _differences(x, qt.with_scale_layout("plain"), back.with_scale_layout("plain"))
+    assert back.scale.tobytes() == qt.scale.tobytes()
+    for out_dtype in cases.HP_DTYPES:
+        assert not compare.first_difference(
             "dequantize",
-            x,
-            lowp.dequantize(qt, out_dtype),
             np.asarray(lowp_jax.dequantize(q, out_dtype)),
+            lowp.dequantize(qt, out_dtype),
+            x,
+            scheme,
+            "elements",
         )
     if layout == "cublas_blocked":  # the JAX swizzle equals lowp's both ways
         plain = lowp_jax.quantize(x, scheme)
-        assert not C.compare_qtensors(x, qt, lowp_jax.to_lowp(plain.with_scale_layout(layout)))
-        assert not C.compare_qtensors(
+        blocked = lowp_jax.to_lowp(plain.with_scale_layout(layout))
+        assert blocked.scale.tobytes() == qt.scale.tobytes()
+        assert not _differences(
             x, lowp.quantize(x, scheme), lowp_jax.to_lowp(q.with_scale_layout("plain"))
         )
 
@@ -170,7 +182,7 @@ def test_quantize_passes_no_gradient_and_fake_quantize_passes_it_straight_throug
         ),
         (lowp.NVFP4Scaling(global_scale=False), lowp.NVFP4Scaling(global_scale=False)),
     ],
-    ids=lambda s: C.scheme_id(s),
+    ids=lambda s: cases.scheme_id(s),
 )
 def test_vmap_equals_quantizing_the_batch_where_groups_stay_inside_an_example(scheme, batched):
     xs = np.stack([_x((4, 64), seed=i) for i in range(3)])
@@ -181,20 +193,20 @@ def test_vmap_equals_quantizing_the_batch_where_groups_stay_inside_an_example(sc
     got = lowp_jax.to_lowp(
         lowp_jax.QArray(q.codes, q.scale, q.global_scale, batched, xs.shape, "float32")
     )
-    assert not C.compare_qtensors(xs, ref, got)
+    assert not _differences(xs, ref, got)
     out = jax.vmap(lowp_jax.dequantize)(q)
     np.testing.assert_array_equal(
         np.asarray(out).view(np.uint32), lowp.dequantize(ref).view(np.uint32)
     )
 
 
-@pytest.mark.parametrize("scheme", [lowp.TensorScaling(), lowp.NVFP4Scaling()], ids=C.scheme_id)
+@pytest.mark.parametrize("scheme", [lowp.TensorScaling(), lowp.NVFP4Scaling()], ids=cases.scheme_id)
 def test_vmap_of_whole_tensor_scales_quantizes_each_example_on_its_own(scheme):
     xs = np.stack([_x((4, 64), seed=i) * 10.0**i for i in range(3)]).astype(np.float32)
     q = jax.vmap(lambda x: lowp_jax.quantize(x, scheme))(xs)
     for i in range(3):
         qi = jax.tree_util.tree_map(lambda leaf, i=i: leaf[i], q)
-        assert not C.compare_qtensors(xs[i], lowp.quantize(xs[i], scheme), lowp_jax.to_lowp(qi))
+        assert not _differences(xs[i], lowp.quantize(xs[i], scheme), lowp_jax.to_lowp(qi))
     # Quantizing the batch as one tensor shares one scale across examples: other bytes.
     whole = lowp.quantize(xs, scheme)
     vmapped_codes = np.asarray(jax.device_get(q.codes)).view(np.uint8)

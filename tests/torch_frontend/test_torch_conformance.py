@@ -1,105 +1,45 @@
-"""lowp_torch against the NumPy reference `lowp`, byte for byte (spec §0-§6).
+"""lowp_torch against the NumPy reference `lowp`: what the cross-backend suite leaves to it.
 
-Every scheme x element format x rank 1-4 x edge case of spec §6, with float32,
-bfloat16 and float16 inputs and nearest and stochastic rounding, eagerly on every
-device present; a smaller set through torch.compile (one graph per scheme kind, static
-shapes, each graph fed every edge case); randomized shapes and magnitudes; the
-encoder over a dense sweep of float32 patterns; validation errors mirroring lowp's.
-On a mismatch the message names the first differing element, its input float32 bits
-and both outputs.
+The grid (every scheme x element format x rank 1-4 x spec §6 edge case x input dtype
+x rounding, empty tensors, the cuBLAS layout, every output dtype) runs on torch_cpu
+and torch_cuda_eager/compiled in tests/conformance/ through lowp._conformance. Here:
+torch.compile on the CPU (one graph per scheme kind, static shapes, each fed every
+edge case), the encoder over a dense sweep of float32 patterns, explicit random bits,
+non-contiguous inputs, conversions, and validation errors mirroring lowp's. On a
+mismatch the message names the first differing element, its input bits and both
+outputs.
 
 (Named test_torch_conformance.py, not test_conformance.py: pytest's default import mode
 imports test files by basename, and tests/jax_frontend/ has a test_conformance.py.)
 """
 
-import contextlib
 import dataclasses
 import doctest
-import functools
 import importlib
 
 import numpy as np
 import pytest
 import torch
-import torch_cases as tc
 
 import lowp
 import lowp_torch
+from lowp._conformance import backends, cases, compare, run
 from lowp_torch import _encode
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
-# float32 carries both roundings; bfloat16/float16 differ from it only in the exact
-# conversion to float32, so nearest rounding suffices for them.
-INPUTS = [
-    ("float32", "nearest"),
-    ("float32", "stochastic"),
-    ("bfloat16", "nearest"),
-    ("float16", "nearest"),
-]
 
-EAGER_CASES = [
-    (rank, scheme, case, variant)
-    for rank in tc.SHAPES
-    for scheme in tc.schemes_for_rank(rank)
-    for case in tc.EDGE_CASES
-    for variant in range(tc.VARIANTS.get(case, 1))
-]
-
-
-def _eager_id(rank, scheme, case, variant):
-    return f"r{rank}-{tc.scheme_id(scheme)}-{case}{variant if variant else ''}"
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(
-    "rank, scheme, case, variant", EAGER_CASES, ids=[_eager_id(*c) for c in EAGER_CASES]
-)
-def test_eager_matches_lowp(device, rank, scheme, case, variant):
-    x32 = tc.make_input(case, tc.SHAPES[rank], scheme, variant)
-    problems = []
-    for hp_dtype, rounding in INPUTS:
-        kwargs = tc.rounding_kwargs(rounding, variant)
-        problems += tc.check_case(
-            tc.eager_roundtrip(scheme, kwargs),
-            scheme,
-            x32,
-            hp_dtype,
-            kwargs,
-            device,
-            extras=(hp_dtype, rounding) == ("float32", "nearest"),
-            label=f"[{hp_dtype}, {rounding}] ",
-        )
-    assert not problems, "\n".join(problems)
-
-
-EMPTY_CASES = [(rank, scheme) for rank in tc.EMPTY_SHAPES for scheme in tc.schemes_for_rank(rank)]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(
-    "rank, scheme", EMPTY_CASES, ids=[f"r{r}-{tc.scheme_id(s)}" for r, s in EMPTY_CASES]
-)
-def test_empty_tensors_match_lowp(device, rank, scheme):
-    x32 = np.zeros(tc.EMPTY_SHAPES[rank], np.float32)
-    problems = []
-    for hp_dtype, rounding in INPUTS:
-        kwargs = tc.rounding_kwargs(rounding)
-        problems += tc.check_case(
-            tc.eager_roundtrip(scheme, kwargs),
-            scheme,
-            x32,
-            hp_dtype,
-            kwargs,
-            device,
-            extras=rounding == "nearest",
-            label=f"[{hp_dtype}, {rounding}] ",
-        )
-    assert not problems, "\n".join(problems)
+def _differences(q, x32, ref) -> list[str]:
+    """How lowp_torch's q (and its dequantization) differ from lowp's `ref`."""
+    got = compare.Outputs(
+        lowp_torch.to_lowp(q), {"float32": q.dequantize(torch.float32).cpu().numpy()}
+    )
+    return compare.differences(x32, ref, got)
 
 
 # One compiled graph per scheme kind (and each MX mode and NVFP4 variant), covering
-# every element format, all three input dtypes and both roundings across the set.
+# every element format, all three input dtypes and both roundings across the set. On
+# CUDA the conformance suite's torch_cuda_compiled backend runs its own plan.
 COMPILED = [
     (lowp.TensorScaling("float8_e4m3fn"), "float32", "nearest"),
     (lowp.AxisScaling("float8_e5m2", axis=0, pow2=True), "float16", "nearest"),
@@ -110,77 +50,27 @@ COMPILED = [
     (lowp.NVFP4Scaling(), "float32", "nearest"),
     (lowp.NVFP4Scaling(block=8, global_scale=False), "float32", "stochastic"),
 ]
-COMPILED_RANK = 3
+CPU_COMPILED = backends.TorchBackend("torch_cpu_compiled", "cpu", compiled=True)
 
 
-@contextlib.contextmanager
-def _strict_dynamo():
-    """Every compiled closure shares one code object and so one recompile budget (8 by
-    default); raise it, and fail rather than fall back to eager if it is ever hit."""
-    import torch._dynamo.config as dynamo_config
-
-    wanted = {"recompile_limit": 64, "fail_on_recompile_limit_hit": True}
-    with dynamo_config.patch({k: v for k, v in wanted.items() if hasattr(dynamo_config, k)}):
-        yield
-
-
-@functools.cache
-def _compiled(scheme, rounding):
-    return tc.compiled_roundtrip(scheme, tc.rounding_kwargs(rounding))
-
-
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "scheme, hp_dtype, rounding",
     COMPILED,
-    ids=[f"{tc.scheme_id(s)}-{d}-{r}" for s, d, r in COMPILED],
+    ids=[f"{cases.scheme_id(s)}-{d}-{r}" for s, d, r in COMPILED],
 )
-def test_compiled_matches_lowp(device, scheme, hp_dtype, rounding):
-    """torch.compile(fullgraph=True, dynamic=False): one graph, every edge case through it."""
-    roundtrip = _compiled(scheme, rounding)
-    kwargs = tc.rounding_kwargs(rounding)
-    problems = []
-    with _strict_dynamo():
-        for case in tc.EDGE_CASES:
-            for variant in range(tc.VARIANTS.get(case, 1)):
-                x32 = tc.make_input(case, tc.SHAPES[COMPILED_RANK], scheme, variant)
-                problems += tc.check_case(
-                    roundtrip, scheme, x32, hp_dtype, kwargs, device, label=f"[{case}{variant}] "
-                )
-    assert not problems, "\n".join(problems)
+def test_compiled_on_cpu_matches_lowp(scheme, hp_dtype, rounding):
+    """torch.compile(fullgraph=True, dynamic=False) on the CPU: one graph, every edge case."""
+    config = cases.Configuration(scheme, cases.SHAPES[3], hp_dtype, rounding)
+    failures = []
+    for edge, x in cases.inputs(config):
+        problems = run.check(CPU_COMPILED, config, x)
+        if problems:
+            failures.append(f"[{edge}] " + "\n  ".join(problems))
+    assert not failures, "\n".join(failures)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("seed", range(6))
-def test_randomized_shapes_and_magnitudes(device, seed):
-    """Random ranks, shapes, schemes, dtypes and roundings; magnitudes 1e-30 .. 1e30."""
-    rng = np.random.default_rng(1000 + seed)
-    problems = []
-    for trial in range(25):
-        rank = int(rng.integers(1, 5))
-        scheme = tc.schemes_for_rank(rank)[int(rng.integers(len(tc.schemes_for_rank(rank))))]
-        inner = [int(rng.integers(1, 6)) for _ in range(rank - 1)]
-        if inner:
-            inner[0] = 2 * int(rng.integers(1, 4))  # the axis-0 MX schemes use blocks of 2
-        shape = tuple(inner) + (32 * int(rng.integers(1, 5)),)
-        x32 = tc.random_magnitudes(shape, seed=10_000 * seed + trial)
-        hp_dtype = ["float32", "bfloat16", "float16"][int(rng.integers(3))]
-        rounding = ["nearest", "stochastic"][int(rng.integers(2))]
-        kwargs = tc.rounding_kwargs(rounding, trial)
-        problems += tc.check_case(
-            tc.eager_roundtrip(scheme, kwargs),
-            scheme,
-            x32,
-            hp_dtype,
-            kwargs,
-            device,
-            label=f"[trial {trial}: {shape} {scheme} {hp_dtype} {rounding}] ",
-        )
-    assert not problems, "\n".join(problems)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fmt", tc.ELEMENTS)
+@pytest.mark.parametrize("fmt", cases.ELEMENTS)
 def test_encoder_and_decoder_match_lowp(device, fmt):
     """E_fmt over every float32 in range whose low 16 bits are an edge (ties included)."""
     f = lowp.ELEMENT_FORMATS[fmt]
@@ -191,7 +81,7 @@ def test_encoder_and_decoder_match_lowp(device, fmt):
     values = values[np.isfinite(values) & (np.abs(values) <= f.max)]
     got = _encode.encode(torch.from_numpy(values).to(device), f).cpu().numpy()
     want = lowp.encode(values, f)
-    problem = tc.first_difference(f"encode {fmt}", got, want, values, None, "elements")
+    problem = compare.first_difference(f"encode {fmt}", got, want, values, None, "elements")
     assert problem is None, problem
     codes = np.arange(1 << f.bits, dtype=np.uint8)
     decoded = _encode.decode(torch.from_numpy(codes).to(device), f).cpu().numpy()
@@ -213,10 +103,10 @@ def test_random_bits_match_lowp(device, seed, offset, shape):
 @pytest.mark.parametrize(
     "scheme",
     [lowp.MXScaling("float8_e4m3fn", block=8), lowp.NVFP4Scaling(block=8)],
-    ids=tc.scheme_id,
+    ids=cases.scheme_id,
 )
 def test_explicit_random_bits_match_lowp(device, bits_dtype, scheme):
-    x32 = tc.make_input("random", (4, 32), scheme)
+    x32 = cases.make_input("random", (4, 32), scheme)
     rng = np.random.default_rng(3)
     r = rng.integers(0, 2**32, size=x32.shape, dtype=np.uint32)
     r.reshape(-1)[:6] = [0, 0xFF, 0x100, 0xFFFFFF00, 0xFFFFFFFF, 0x80000000]  # the extremes
@@ -228,8 +118,33 @@ def test_explicit_random_bits_match_lowp(device, bits_dtype, scheme):
         torch.from_numpy(x32).to(device), scheme, rounding="stochastic", random_bits=r_torch
     )
     ref = lowp.quantize(x32, scheme, rounding="stochastic", random_bits=r)
-    problems = tc.compare(q, q.dequantize(), ref, x32, scheme)
+    problems = _differences(q, x32, ref)
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("config", cases.configurations("thin"), ids=lambda c: c.id)
+def test_from_lowp_and_back_keeps_every_byte(device, config):
+    """The reference's QTensor (a poisoned group included), in the plain and, where it
+    applies, the cuBLAS layout, goes into torch and back unchanged."""
+    x = dict(cases.inputs(config))["nan"]
+    ref = lowp.quantize(x, config.scheme)
+    layouts = [ref] + (
+        [ref.with_scale_layout("cublas_blocked")]
+        if backends.blockable(config.scheme, config.shape)
+        else []
+    )
+    for qt in layouts:
+        back = lowp_torch.to_lowp(lowp_torch.from_lowp(qt, device=device))
+        assert back.scale_layout == qt.scale_layout
+        for field in ("codes", "scale", "global_scale"):
+            got, want = getattr(back, field), getattr(qt, field)
+            assert (got is None) == (want is None)
+            if want is not None:
+                assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), (
+                    field,
+                    qt.scale_layout,
+                )
 
 
 def _raises_like_lowp(torch_call, lowp_call, error, same_message=True):
@@ -255,7 +170,7 @@ BAD_SCHEMES = [
 
 
 @pytest.mark.parametrize(
-    "scheme, shape", BAD_SCHEMES, ids=[tc.scheme_id(s) + str(sh) for s, sh in BAD_SCHEMES]
+    "scheme, shape", BAD_SCHEMES, ids=[cases.scheme_id(s) + str(sh) for s, sh in BAD_SCHEMES]
 )
 def test_bad_shapes_raise_lowps_errors(scheme, shape):
     x = np.zeros(shape, np.float32)
@@ -322,7 +237,7 @@ def test_bad_inputs_name_the_problem():
 
 
 def test_check_finite_names_the_tensor_as_lowp_does():
-    x = tc.make_input("random", (4, 32), lowp.MXScaling())
+    x = cases.make_input("random", (4, 32), lowp.MXScaling())
     x[2, 5], x[3, 0] = np.inf, np.nan
     message = _raises_like_lowp(
         lambda: lowp_torch.quantize(
@@ -351,17 +266,17 @@ def test_check_finite_raises_under_torch_compile_too():
 @pytest.mark.parametrize(
     "scheme",
     [lowp.AxisScaling(axis=0), lowp.MXScaling(block=8, mode="ceil"), lowp.NVFP4Scaling(block=8)],
-    ids=tc.scheme_id,
+    ids=cases.scheme_id,
 )
 def test_non_contiguous_input_is_quantized_as_its_values(device, scheme):
     """A transposed view quantizes like its contiguous copy; seed bits follow the logical index."""
-    x32 = tc.make_input("random", (32, 8), scheme)
+    x32 = cases.make_input("random", (32, 8), scheme)
     view = torch.from_numpy(x32).to(device).t()
     assert not view.is_contiguous()
-    kwargs = tc.rounding_kwargs("stochastic", 3)
+    kwargs = {"rounding": "stochastic", "seed": 1237, "offset": 231}
     q = lowp_torch.quantize(view, scheme, **kwargs)
     ref = lowp.quantize(np.ascontiguousarray(x32.T), scheme, **kwargs)
-    problems = tc.compare(q, q.dequantize(), ref, np.ascontiguousarray(x32.T), scheme)
+    problems = _differences(q, np.ascontiguousarray(x32.T), ref)
     assert not problems, "\n".join(problems)
 
 
@@ -382,7 +297,7 @@ def test_quantized_tensor_refuses_inconsistent_fields():
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_quantize_does_not_mutate_its_input(device):
-    x = torch.from_numpy(tc.make_input("nan", (4, 32), lowp.NVFP4Scaling())).to(device)
+    x = torch.from_numpy(cases.make_input("nan", (4, 32), lowp.NVFP4Scaling())).to(device)
     before = x.clone()
     for scheme in (
         lowp.NVFP4Scaling(),
