@@ -1,5 +1,24 @@
-"""The `lowp` command line: `lowp formats` and `lowp inspect` (printing only; the numbers
-come from `lowp._inspect`)."""
+"""The `lowp` command line: `lowp formats`, `lowp inspect` and `lowp conformance`
+(printing only; the numbers come from `lowp._inspect` and `lowp._conformance`).
+
+`lowp conformance [--backend NAME,...] [--size quick|full] [--json]` runs the
+conformance cases (every scheme x element format x rank 1-4 x spec §6 edge case, with
+float32/bfloat16/float16 inputs and nearest and seeded stochastic rounding) on every
+backend this machine has: numpy (the reference), torch_cpu, torch_cuda_eager,
+torch_cuda_compiled, jax_cpu, jax_gpu. It compares codes, scales, the global scale and
+the dequantized outputs with the NumPy reference byte for byte and prints a matrix,
+scheme kind x backend: `✓ N` (N cases, all identical) or `✗ M/N` (M differ), then the
+first differences (element, input bits, both outputs). Exit status 0 when every case
+matches, 1 on any mismatch or error, 2 on a bad option (an unknown or absent backend,
+an unknown size). `--size quick` (the default) runs every scheme x format x rank once,
+with the other inputs in turn; `--size full` every combination (4x the configurations;
+compiling backends are bound by compile time). torch_cuda_compiled, which spends
+seconds compiling each configuration, runs one size smaller (thin for quick, quick for
+full). `--json` prints the counts, each backend's description and plan, and the first
+failures in full for machines. On a 2-core CPU machine the default run (numpy,
+torch_cpu, jax_cpu) takes about two minutes, nearly all of it jax compiling; on a GPU
+machine split it with --backend to fit a time limit.
+"""
 
 import argparse
 import importlib.util
@@ -7,10 +26,14 @@ import json
 import math
 import os
 import sys
+import time
 
 import numpy as np
 
 from lowp import _formats, _inspect, _interchange, _recipes, _schemes
+from lowp._conformance import backends as _conformance_backends
+from lowp._conformance import report as _conformance_report
+from lowp._conformance import run as _conformance_run
 
 _INSPECT_EPILOG = """\
 what is measured, per tensor and scheme (the scheme is the named inference preset's
@@ -50,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "inspect":
             return _run_inspect(args)
+        if args.command == "conformance":
+            return _run_conformance(args)
     except _UsageError as err:
         print(f"lowp {args.command}: error: {err}", file=sys.stderr)
         return 2
@@ -102,6 +127,29 @@ def _parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print JSON of all rows and summaries instead"
     )
     inspect.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
+    conformance = sub.add_parser(
+        "conformance",
+        help="check every backend here against the NumPy reference, byte for byte",
+        description="Run the conformance cases on every backend this machine has and print a\n"
+        "matrix scheme kind x backend (✓ N: N cases identical; ✗ M/N: M of N differ).\n"
+        "Exit status 1 on any mismatch.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    conformance.add_argument(
+        "--backend",
+        action="append",
+        metavar="NAME",
+        help="a backend to run; repeat or comma-separate (default: every one present). "
+        "Backends: " + ", ".join(_conformance_backends.NAMES),
+    )
+    conformance.add_argument(
+        "--size",
+        default="quick",
+        help="quick (default: every scheme x format x rank once) or full (every input "
+        "dtype and rounding with each)",
+    )
+    conformance.add_argument("--json", action="store_true", help="print JSON instead of the matrix")
+    conformance.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
     return parser
 
 
@@ -257,10 +305,11 @@ def _chosen_schemes(values: list[str] | None) -> dict:
 
 class _ProgressBar:
     """`\\r[#####.....] 37/104 tensors` on a stream. On a terminal every tensor redraws it;
-    into a file or pipe (a log) only each tenth of the way does, to keep the log short."""
+    into a file or pipe (a log) only each tenth of the way does, to keep the log short.
+    `unit` names what is counted ("tensors" for inspect)."""
 
-    def __init__(self, stream, width: int = 30):
-        self.stream, self.width, self.last = stream, width, None
+    def __init__(self, stream, width: int = 30, unit: str = "tensors"):
+        self.stream, self.width, self.last, self.unit = stream, width, None, unit
         self.tty = stream.isatty()
 
     def __call__(self, done: int, total: int) -> None:
@@ -268,7 +317,7 @@ class _ProgressBar:
         if not self.tty and done != total and 10 * done // total == 10 * (done - 1) // total:
             return
         filled = self.width * done // total
-        text = f"\r[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} tensors"
+        text = f"\r[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} {self.unit}"
         if text != self.last:
             self.stream.write(text)
             self.stream.flush()
@@ -445,6 +494,77 @@ def inspection_json(result) -> dict:
             for r in result.rows
         ],
     }
+
+
+# ---------------------------------------------------------------------------- conformance
+
+
+def _run_conformance(args) -> int:
+    if args.size not in ("quick", "full"):
+        raise _UsageError(f"--size must be quick or full, got {args.size!r}")
+    chosen = _chosen_backends(args.backend)
+    not_run = {}
+    for backend in _conformance_backends.BACKENDS:
+        if backend not in chosen:
+            why = backend.problem()
+            not_run[backend.name] = why or "not asked for (--backend)"
+    start = time.time()
+    runs = []
+    for backend in chosen:
+        progress = None
+        if not args.no_progress and sys.stderr.isatty():
+            progress = _ProgressBar(sys.stderr, unit=f"configurations on {backend.name}")
+        result = _conformance_run.run_backend(backend, args.size, progress)
+        if progress is not None:
+            progress.close()
+        total = sum(c.cases for c in result.cells.values())
+        wrong = sum(c.mismatches + c.errors for c in result.cells.values())
+        print(
+            f"{backend.name}: {total} cases, {wrong} failing, {result.seconds:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+        runs.append(result)
+    seconds = time.time() - start
+    if args.json:
+        report = _conformance_report.report_json(runs, not_run, args.size, seconds)
+        print(json.dumps(report, indent=1))
+    else:
+        marks = _conformance_report.MARKS
+        if not _encodable(sys.stdout, "".join(marks.values())):
+            marks = _conformance_report.ASCII_MARKS
+        print(_conformance_report.matrix_text(runs, not_run, args.size, seconds, marks))
+    return 0 if all(r.passed for r in runs) else 1
+
+
+def _chosen_backends(values: list[str] | None) -> list:
+    """The named backends (every present one by default); a usage error naming an
+    unknown backend, or one this machine cannot run and why."""
+    if values is None:
+        return _conformance_backends.present()
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    if not names:
+        raise _UsageError("--backend needs a name: " + ", ".join(_conformance_backends.NAMES))
+    chosen = []
+    for name in names:
+        try:
+            backend = _conformance_backends.get(name)
+        except ValueError as err:
+            raise _UsageError(str(err)) from None
+        why = backend.problem()
+        if why is not None:
+            raise _UsageError(f"backend {name!r} cannot run here: {why}")
+        if backend not in chosen:
+            chosen.append(backend)
+    return sorted(chosen, key=_conformance_backends.BACKENDS.index)
+
+
+def _encodable(stream, text: str) -> bool:
+    try:
+        text.encode(getattr(stream, "encoding", None) or "ascii")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------- plot
