@@ -143,13 +143,16 @@ class PathResult:
 def torch_paths(case: GemmCase, a: np.ndarray, b: np.ndarray, device: str, compiled: bool):
     """lowp_torch's GEMM paths for `case`: scaled_matmul with every kernel (emulated in
     float32 out, the fp8 kernels in bfloat16, which they all write), or `F.linear` with
-    the quantized weight for weight-only presets."""
+    the quantized weight for weight-only presets; under torch.compile if `compiled`."""
     import torch
 
     import lowp_torch
 
     def call(fn, *args):
-        return torch.compile(fn, fullgraph=True)(*args) if compiled else fn(*args)
+        # Eagerly first: a kernel that cannot run raises its ValueError there (under
+        # torch.compile it would surface as dynamo's Unsupported).
+        y = fn(*args)
+        return torch.compile(fn, fullgraph=True)(*args) if compiled else y
 
     def host(y):
         y = y.detach().cpu()
