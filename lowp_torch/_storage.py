@@ -8,6 +8,7 @@ always lowp's; the dtype only labels them.
 """
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 CODE_DTYPES = {
     "float8_e4m3fn": torch.float8_e4m3fn,
@@ -53,9 +54,16 @@ def _(t, dtype):
 def _relabel(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if t.dtype == dtype:
         return t
-    if (t.dtype in _OPAQUE_DTYPES or dtype in _OPAQUE_DTYPES) and torch.compiler.is_compiling():
+    if (t.dtype in _OPAQUE_DTYPES or dtype in _OPAQUE_DTYPES) and _traced(t):
         return _reinterpret_bytes(t, dtype)
     return t.view(dtype)
+
+
+def _traced(t: torch.Tensor) -> bool:
+    """Whether `t` is being traced for a compiled graph. Dynamo's flag alone misses the
+    AOTAutograd trace of a tensor subclass's __torch_dispatch__ on torch 2.11 (there
+    the tensors are fake, the flag is off, and Inductor later met a raw e8m0 buffer)."""
+    return torch.compiler.is_compiling() or is_fake(t)
 
 
 def as_stored(u8: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
