@@ -39,7 +39,7 @@ def text(result) -> str:
     """The report: the weights byte for byte, embedding fidelity, the checkpoint round
     trip, and the verdict."""
     mark = marks()
-    setup = " · ".join(f"{n} {v['version']} on {v['device']}" for n, v in result.frameworks.items())
+    setup = ", ".join(f"{n} {v['version']} on {v['device']}" for n, v in result.frameworks.items())
     title = (
         f"lowp demo: all-MiniLM-L6-v2 ({result.parameters / 1e6:.1f}M parameters) quantized in "
         + " and ".join(result.frameworks)
@@ -96,10 +96,10 @@ def _fidelity_section(result, mark) -> list[str]:
     if result.presets:
         agree = ", ".join(f"{p.preset} {p.torch_jax_min_cosine:.5f}" for p in result.presets)
         note = (
-            f"{torch_fw} vs {jax_fw} embeddings of each preset, lowest cosine: {agree}. The "
-            "weights are the same bytes; the activations are quantized at run time from "
-            "values that each framework's float ops round slightly differently, so a few "
-            "activation codes differ."
+            f"{torch_fw} vs {jax_fw} embeddings of each preset, lowest cosine: {agree}. Below "
+            "1 the weights are still the same bytes: the activations are quantized at run "
+            "time from values that each framework's float ops round slightly differently, "
+            "so a few activation codes differ."
         )
         lines += textwrap.wrap(note, 90, initial_indent="   ", subsequent_indent="   ")
     return lines
@@ -198,7 +198,11 @@ def write_png(result, path: str) -> None:
         fontsize=14,
         color="black" if result.ok else "red",
     )
-    grid = fig.add_gridspec(2, 2, height_ratios=(0.8, 1.2), hspace=0.3, wspace=0.25)
+    fig.text(0.5, 0.915, _summary(result, _UNICODE_MARKS), ha="center", fontsize=10)
+    table_height = 0.2 + 0.1 * (len(result.presets) + 1)  # the table fills its panel
+    grid = fig.add_gridspec(
+        2, 2, height_ratios=(table_height, 1.1), hspace=0.35, wspace=0.25, top=0.86, bottom=0.1
+    )
     _draw_checks(fig.add_subplot(grid[0, :]), result)
     _draw_cosines(fig.add_subplot(grid[1, 0]), result)
     _draw_pairs(fig.add_subplot(grid[1, 1]), result)
@@ -211,7 +215,7 @@ def write_png(result, path: str) -> None:
 
 def _draw_checks(ax, result) -> None:
     torch_fw, jax_fw = result.frameworks
-    ok = {True: "✓", False: "✗"}
+    ok = _UNICODE_MARKS
     header = [
         "preset",
         "tensors",
@@ -241,19 +245,22 @@ def _draw_checks(ax, result) -> None:
     ax.set_title("Quantized weights, byte for byte, and the checkpoint round trip", fontsize=11)
     if not cells:
         return
-    table = ax.table(cellText=cells, colLabels=header, loc="upper center", cellLoc="center")
+    table = ax.table(
+        cellText=cells,
+        colLabels=header,
+        cellLoc="center",
+        colWidths=[0.19, 0.07, 0.12, 0.1, 0.1, 0.11, 0.13, 0.18],
+        bbox=[0.0, 0.0, 1.0, 1.0],
+    )
     table.auto_set_font_size(False)
-    table.set_fontsize(10)
-    table.scale(1, 1.7)
+    table.set_fontsize(10 if len(cells) <= 4 else 9)
     for (row, _), cell in table.get_celld().items():
         if row == 0:
             cell.set_facecolor("0.9")
-            cell.set_height(cell.get_height() * 1.6)  # two-line headers
         elif cell.get_text().get_text() in ok.values():
             good = cell.get_text().get_text() == ok[True]
             cell.get_text().set_color("green" if good else "red")
-            cell.get_text().set_fontsize(14)
-    ax.text(0.5, 0.0, _summary(result, ok), ha="center", va="bottom", transform=ax.transAxes)
+            cell.get_text().set_fontsize(13)
 
 
 def _draw_cosines(ax, result) -> None:
@@ -267,18 +274,22 @@ def _draw_cosines(ax, result) -> None:
         mins = [p.fidelity[name].min_cosine for p in result.presets]
         ax.vlines(xs, mins, means, color="0.6", linewidth=1)
         ax.scatter(xs, means, marker=marker, s=50, label=f"{name}: mean (line down to the min)")
-        side = "right" if offset < 0 else "left"  # labels outward, clear of each other
-        for x, m in zip(xs, means):
-            ax.annotate(
-                f"{m:.4f}",
-                (x, m),
-                xytext=(-6 if offset < 0 else 6, 0),
-                textcoords="offset points",
-                ha=side,
-                va="center",
-                fontsize=7,
-            )
+        if len(presets) <= 4:  # more would crowd; the table above has the means too
+            for x, m in zip(xs, means):
+                ax.annotate(
+                    f"{m:.4f}",
+                    (x, m),
+                    xytext=(-6 if offset < 0 else 6, 0),  # outward, clear of the other
+                    textcoords="offset points",
+                    ha="right" if offset < 0 else "left",
+                    va="center",
+                    fontsize=7,
+                )
     ax.set_xticks(range(len(presets)), presets)
+    if len(presets) > 4:
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
     ax.set_xlim(-0.6, len(presets) - 0.4)
     ax.axhline(1.0, color="0.8", linewidth=0.8)
     ax.set_ylabel("cosine to the unquantized model")
