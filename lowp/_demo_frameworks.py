@@ -96,8 +96,12 @@ class JaxMiniLM:
 
         import lowp_jax.nnx
 
+        # lowp_jax's impl="auto" asks the default backend, not where the arrays live: with
+        # --device cpu on a GPU machine it would pick the GPU's fp8 GEMM for CPU arrays.
+        # On a CPU "auto" means "emulated" anyway.
+        impl = "emulated" if self.device.platform == "cpu" else "auto"
         with jax.default_device(self.device):
-            return lowp_jax.nnx.quantize_model(self.base, preset)
+            return lowp_jax.nnx.quantize_model(self.base, preset, impl=impl)
 
     def embed(self, model=None) -> np.ndarray:
         """Unit-norm embeddings of SENTENCES, (24, 384) float64; default the float model."""

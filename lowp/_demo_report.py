@@ -143,11 +143,14 @@ def _checkpoint_section(result, mark) -> list[str]:
 def _summary(result, mark) -> str:
     tensors = sum(p.tensors for p in result.presets)
     megabytes = sum(p.bytes for p in result.presets) / 1e6
+    trips = f"{len(result.presets)} checkpoint round trip" + (
+        "s" if len(result.presets) > 1 else ""
+    )
     if result.ok:
         return (
             f"{mark[True]} Identical bytes in {', '.join(result.frameworks)} and NumPy: "
-            f"{tensors} quantized tensors ({megabytes:.1f} MB) and {len(result.presets)} "
-            f"checkpoint round trips, in {result.seconds:.0f} s."
+            f"{tensors} quantized tensors ({megabytes:.1f} MB) and {trips}, "
+            f"in {result.seconds:.0f} s."
         )
     failed = [p.preset for p in result.presets if not p.ok]
     return f"{mark[False]} Byte checks FAILED for {', '.join(failed)} (in {result.seconds:.0f} s)."
