@@ -8,7 +8,7 @@ scores above every unrelated pair), writes each PyTorch-quantized model to a low
 and loads it into the JAX twin (the same bytes, the same embeddings), and draws a
 one-page PNG. Exit status 0: every byte check passed (weights, file, and the loaded
 model's embeddings bit for bit); 1: one failed; 2: the demo could not run (a missing
-package, a bad option), said in one line.
+package, a bad option), said plainly, with the pip command where one helps.
 
 The CLI wires `add_arguments` and `run` as the `demo` subcommand.
 """
@@ -24,13 +24,21 @@ import time
 
 import numpy as np
 
-from lowp import _interchange, _minilm, _qtensor, _quantize, _recipes
+from lowp import _demo_frameworks as frameworks
+from lowp import _demo_report, _interchange, _minilm, _qtensor, _quantize, _recipes
 
 DEFAULT_PRESETS = ("float8_rowwise", "mxfp8", "nvfp4")
 
 # What the demo imports, and the pip command that provides it.
 _REQUIREMENTS = (
-    ("torch", "PyTorch", "pip install 'lowp[torch]'"),
+    (
+        "torch",
+        "PyTorch",
+        (
+            "pip install 'lowp[torch]' (CPU-only build: pip install torch "
+            "--index-url https://download.pytorch.org/whl/cpu)"
+        ),
+    ),
     ("jax", "JAX", "pip install 'lowp[jax]'"),
     ("flax", "flax", "pip install 'lowp[jax]'"),
 )
@@ -67,8 +75,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the demo with parsed `args`: progress on stderr, the report (or JSON) on
     stdout, the PNG where `--png` says. Returns the exit status."""
-    from lowp import _demo_report
-
     started = time.perf_counter()
     try:
         presets = parse_presets(args.presets)
@@ -84,23 +90,22 @@ def run(args: argparse.Namespace) -> int:
 
     result = measure(presets, torch_device, jax_device, progress)
     result = dataclasses.replace(result, seconds=time.perf_counter() - started)
-    if args.json:
-        print(json.dumps(_demo_report.to_json(result) | {"png": png}, indent=1))
-    else:
-        print(_demo_report.text(result))
     try:
         _demo_report.write_png(result, png)
         print(f"lowp demo: summary written to {png}", file=sys.stderr)
     except ImportError:
         print(f"lowp demo: no PNG written: {_NO_MATPLOTLIB}", file=sys.stderr)
+        png = None
+    if args.json:
+        print(json.dumps(_demo_report.to_json(result) | {"png": png}, indent=1))
+    else:
+        print(_demo_report.text(result))
     return 0 if result.ok else 1
 
 
 def measure(presets: list[str], torch_device: str, jax_device, progress) -> "Result":
     """Everything the report shows, for `presets` on the given devices; `progress(text)`
     is called before each step. Checkpoint files go to a temporary folder, removed after."""
-    from lowp import _demo_frameworks as frameworks
-
     with (
         frameworks.one_torch_thread_on_cpu(torch_device),
         tempfile.TemporaryDirectory(prefix="lowp_demo_") as folder,
@@ -332,7 +337,7 @@ def _check_requirements() -> None:
     except FileNotFoundError as err:
         missing.append(str(err))
     if missing:
-        raise _CannotRun("the demo needs\n  " + "\n  ".join(missing))
+        raise _CannotRun("missing requirements:\n  " + "\n  ".join(missing))
 
 
 def choose_devices(choice: str):
