@@ -1,7 +1,8 @@
 """Root conftest: the frontends' doctests are collected only where their framework is.
 
 `python -m pytest` collects doctests from lowp_torch/ and lowp_jax/ (pyproject
-testpaths); on a machine without torch or jax those packages cannot import, so their
+testpaths); on a machine without torch or jax (or triton, for lowp_torch's Triton
+kernels) those modules cannot import, so their
 files are left out here, the same way tests/torch_frontend and tests/jax_frontend skip themselves.
 """
 
@@ -23,6 +24,8 @@ _NEEDS = (
     ("lowp_jax/nnx.py", "flax"),
     ("lowp_jax/linen.py", "flax"),
     ("lowp_jax/models", "flax"),
+    ("lowp_torch/_triton_casts.py", "triton"),
+    ("lowp_torch/_triton_kernels.py", "triton"),
 )
 _MISSING = [_ROOT / path for path, framework in _NEEDS if not _installed(framework)]
 

@@ -11,11 +11,15 @@ Training (spec §8): `convert_to_training(model, recipe)` (or `quantize_` given 
 are quantized as the recipe says, in eager mode and under torch.compile;
 `training_operands` shows the bytes each GEMM gets; `to_inference` turns the trained
 model into `quantize_`'s inference form.
+
+Speed without torch.compile: on CUDA, eager `quantize` runs fp8 tensorwise, rowwise
+and MX casts as fused Triton kernels (same bytes); `cast_kernels` picks the path.
 """
 
 import torch
 
 import lowp
+from lowp_torch._cast_kernels import cast_kernels
 from lowp_torch._config import LinearConfig
 from lowp_torch._convert import from_lowp, to_lowp
 from lowp_torch._gemm import scaled_matmul
@@ -37,6 +41,7 @@ __all__ = [
     "Linear",
     "LinearConfig",
     "QuantizedTensor",
+    "cast_kernels",
     "convert_to_training",
     "dequantize",
     "from_lowp",

@@ -8,6 +8,10 @@ changes nothing); divisions in float64 rounded once to float32 (`_bits.div_rn32`
 no float division by a constant (Inductor turns it into a reciprocal multiply); no
 native cast to a low-precision format; shapes and schemes are Python values, so no
 branch depends on data and nothing syncs with the host (except `check_finite=True`).
+
+In eager mode on CUDA, `quantize` hands the fp8 tensor, axis and MX schemes to fused
+Triton kernels (`_triton_casts`; `_cast_kernels` says when): the same bytes, at
+memory bandwidth.
 """
 
 import numpy as np
@@ -15,7 +19,16 @@ import torch
 
 from lowp import _formats, _schemes
 from lowp import _rounding as _lowp_rounding
-from lowp_torch import _bits, _encode, _groups, _layouts, _qtensor, _rounding, _storage
+from lowp_torch import (
+    _bits,
+    _cast_kernels,
+    _encode,
+    _groups,
+    _layouts,
+    _qtensor,
+    _rounding,
+    _storage,
+)
 
 _E4M3 = _formats.FLOAT8_E4M3FN
 _E2M1 = _formats.FLOAT4_E2M1FN
@@ -158,6 +171,19 @@ def quantize(
     ([104, 242, 124, 0], [[120]])
     """
     _schemes.check_scheme(scheme)
+    if _cast_kernels.use_triton(
+        t,
+        scheme,
+        rounding=rounding,
+        random_bits=random_bits,
+        seed=seed,
+        offset=offset,
+        check_finite=check_finite,
+        name=name,
+    ):
+        from lowp_torch import _triton_casts  # imports triton: only when it runs
+
+        return _triton_casts.quantize(t, scheme)
     xf = _hp_input(t, name)
     hp_dtype = t.dtype
     shape = tuple(xf.shape)  # SymInts stay symbolic under torch.compile (no recompile per M)

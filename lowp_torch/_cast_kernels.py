@@ -1,0 +1,139 @@
+"""Which kernels quantize a call: the fused Triton casts, or the torch-ops algorithm.
+
+`lowp_torch.quantize` asks `use_triton` first. Both paths write the same bytes (the
+Triton kernels are tested against `lowp.quantize` like every backend); the Triton one
+is for speed in eager mode on CUDA (`_triton_casts`). It runs when every requirement
+holds, and `triton_problem` names the first that does not:
+
+- a float32 / bfloat16 / float16 torch.Tensor on a CUDA device, whose shape the
+  scheme admits (else the torch path raises the error naming it). Under the Triton
+  CPU interpreter (`TRITON_INTERPRET=1`, which the tests use) `cast_kernels("triton")`
+  also runs the kernels on CPU tensors; "auto" never does;
+- not traced by torch.compile: Inductor generates its own fused kernel from the
+  torch ops, and an opaque Triton launch would only break the graph;
+- nearest rounding and `check_finite=False` (stochastic rounding and the finite check
+  stay on the torch path);
+- triton importable;
+- a scheme the kernels implement: TensorScaling, AxisScaling (any axis) or MXScaling
+  (any axis, block a power of two) with a float8_e4m3fn / float8_e5m2 element format.
+
+`cast_kernels("auto" | "triton" | "torch")` overrides the choice inside a `with`
+block; tests and `bench/casts.py` use it to run each path on purpose. A context
+manager rather than a keyword of `quantize` because the quantizations that matter for
+speed happen inside layers (`Linear`, `quantize_`'d models) that a keyword cannot
+reach; rather than an environment variable because it is scoped and undone on exit,
+so a test cannot leak its choice into the next. `"triton"` raises where the Triton
+path cannot run, naming the reason, instead of silently measuring the other path.
+"""
+
+import contextlib
+import contextvars
+import functools
+import importlib.util
+import os
+
+import torch
+
+from lowp import _schemes
+from lowp_torch import _log, _storage
+
+MODES = ("auto", "triton", "torch")
+_MODE = contextvars.ContextVar("lowp_torch_cast_kernels", default="auto")
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
+
+
+@contextlib.contextmanager
+def cast_kernels(mode: str):
+    """Inside the block, `lowp_torch.quantize` runs on `mode`'s kernels.
+
+    Args:
+      mode: "auto" (the default: Triton where `triton_problem` finds nothing against
+        it, else torch ops), "triton" (ValueError naming the reason where Triton cannot
+        run) or "torch" (always the torch-ops algorithm, also on CUDA).
+
+    Under torch.compile the torch ops are always traced, whatever the mode.
+
+    >>> import torch, lowp, lowp_torch
+    >>> with lowp_torch.cast_kernels("torch"):
+    ...     q = lowp_torch.quantize(torch.ones(4), lowp.TensorScaling())
+    >>> q.codes.view(torch.uint8).tolist()
+    [126, 126, 126, 126]
+    """
+    if mode not in MODES:
+        raise ValueError(f"cast_kernels mode must be one of {MODES}, got {mode!r}")
+    token = _MODE.set(mode)
+    try:
+        yield
+    finally:
+        _MODE.reset(token)
+
+
+def use_triton(t, scheme, *, rounding, random_bits, seed, offset, check_finite, name) -> bool:
+    """Whether `quantize` should run the Triton kernels for this call (module docstring).
+
+    Logs the choice at debug level; ValueError under `cast_kernels("triton")` where
+    they cannot run.
+    """
+    if isinstance(t, torch.Tensor) and _storage._traced(t):
+        return False  # compiled code: Inductor fuses the torch ops itself
+    mode = _MODE.get()
+    if mode == "torch":
+        _log.debug(f"{name}: quantize on torch ops (cast_kernels('torch'))")
+        return False
+    problem = triton_problem(
+        t, scheme, rounding, random_bits, seed, offset, check_finite, mode == "triton"
+    )
+    if problem is None:
+        _log.debug(f"{name}: quantize with {scheme} on the Triton kernels")
+        return True
+    if mode == "triton":
+        raise ValueError(f"{name}: cast_kernels('triton') cannot run: {problem}")
+    _log.debug(f"{name}: quantize on torch ops: {problem}")
+    return False
+
+
+def triton_problem(
+    t, scheme, rounding, random_bits, seed, offset, check_finite, forced=False
+) -> str | None:
+    """Why the Triton kernels cannot quantize this call, or None when they can.
+    `forced`: under cast_kernels("triton"), where the interpreter may run CPU tensors."""
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.dtype not in _storage.HP_DTYPES:
+        return f"the input is not a float32/bfloat16/float16 tensor ({_describe(t)})"
+    if t.device.type != "cuda" and not (forced and _interpreting()):
+        return f"the input is on {t.device}, not CUDA"
+    try:
+        scheme.check_shape(tuple(t.shape))
+    except ValueError as e:
+        return f"the shape does not suit the scheme ({e})"
+    if rounding != "nearest" or random_bits is not None or seed is not None or offset != 0:
+        return "stochastic rounding runs on torch ops"
+    if check_finite:
+        return "check_finite=True runs on torch ops"
+    if not _triton_installed():
+        return "triton is not installed"
+    return scheme_problem(scheme)
+
+
+def scheme_problem(scheme) -> str | None:
+    """Why the Triton kernels do not implement `scheme`, or None."""
+    if not isinstance(scheme, (_schemes.TensorScaling, _schemes.AxisScaling, _schemes.MXScaling)):
+        return f"no Triton kernel for {type(scheme).__name__}"
+    if scheme.fmt not in _FP8:
+        return f"no Triton kernel for element format {scheme.fmt} (only {', '.join(_FP8)})"
+    if isinstance(scheme, _schemes.MXScaling) and scheme.block & (scheme.block - 1):
+        return f"MX block {scheme.block} is not a power of two (Triton tiles are)"
+    return None
+
+
+def _describe(t) -> str:
+    return f"{type(t).__name__} of {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (read as triton does)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")

@@ -1,0 +1,310 @@
+"""Fast fp8 casts: `lowp_torch.quantize` in a few fused Triton kernels, same bytes.
+
+What runs here (kernels in `_triton_kernels`, each reading the high-precision tensor
+in its own dtype; bytes moved per element for a bfloat16 input in brackets):
+
+| scheme                                | kernels                                        |
+|---------------------------------------|------------------------------------------------|
+| TensorScaling                         | amax pass, then cast pass [2 + 2 + 1]          |
+| AxisScaling along the last axis       | one pass over blocks of rows [2 + 1]           |
+| AxisScaling along another axis        | amax pass, then cast pass [2 + 2 + 1]          |
+| MXScaling along any axis              | one pass [2 + 1 + 1/32]                        |
+| `quantize_both`, AxisScaling          | one amax pass for rows and columns, one cast pass writing both [2 + 2 + 1 + 1] |
+| `quantize_both`, MXScaling            | one pass writing both [2 + 1 + 1 + 2/32]       |
+
+Element formats float8_e4m3fn and float8_e5m2, every MX mode, MX blocks that are
+powers of two; nearest rounding (stochastic rounding stays on the torch-ops path).
+No host sync: the tensor amax goes from one kernel to the next in device memory.
+Which calls come here is `_cast_kernels`' business; this module imports triton.
+"""
+
+import contextlib
+import dataclasses
+import math
+
+import torch
+import triton
+
+from lowp import _formats, _schemes
+from lowp_torch import _qtensor, _storage
+from lowp_torch import _triton_kernels as K
+
+_MX_MODES = {"floor": 0, "ceil": 1, "rceil": 2}
+# Tile sizes: starting points for the H200, to be tuned with `bench/casts.py --tune`.
+# About 16 elements a thread keeps registers low enough (ptxas: ~80 a thread at 16,
+# ~150-250 at 32) for several programs per SM, and so enough loads in flight.
+_FLAT_BLOCK = 4096  # TensorScaling: elements per program
+_AMAX_PROGRAMS = 2048  # TensorScaling amax: programs loop over tiles, one atomic each
+_ROWS_ONE_PASS = 16384  # AxisScaling rows up to this long stay in registers: one read
+_ROWS_CHUNK = 4096  # longer rows are read twice, in chunks of this many elements
+_TILE_ELEMENTS = 4096  # rows kernel: BLOCK_M * BLOCK_K when rows are short
+_TILE = (16, 256)  # (BLOCK_R, BLOCK_C) of the 2-D kernels, at most
+_ELEMENTS_PER_THREAD = 16
+
+
+def quantize(t: torch.Tensor, scheme) -> _qtensor.QuantizedTensor:
+    """`lowp_torch.quantize(t, scheme)` with nearest rounding, by the Triton kernels.
+
+    The caller (`_cast_kernels.use_triton`) has checked that `t` is a float32,
+    bfloat16 or float16 tensor on a Triton device (or under the Triton interpreter),
+    that its shape suits `scheme`, and that `scheme` is one of those above.
+    """
+    x = t.detach().contiguous()
+    shape = tuple(x.shape)
+    fmt = _formats.element_format(scheme.fmt)
+    with _on_device(x):
+        codes, scale = _launch(x, shape, scheme, fmt)
+    return _wrap(codes, scale, scheme, shape, t.dtype, fmt)
+
+
+def _launch(x, shape, scheme, fmt):
+    """(uint8 codes, flat scales) of `quantize`, one branch per scheme."""
+    if isinstance(scheme, _schemes.TensorScaling):
+        codes, scale = _tensor(x, fmt, scheme.pow2)
+    elif isinstance(scheme, _schemes.AxisScaling):
+        outer, r, c = _grouped_view(shape, scheme.axis)
+        if c == 1:  # groups are contiguous runs of r elements: rows
+            codes, scale = _axis_rows(x, outer, r, fmt, scheme.pow2)
+        else:
+            codes, scale = _axis_2d(x, (outer, r, c), fmt, scheme.pow2, rows=False, cols=True)[1]
+    elif isinstance(scheme, _schemes.MXScaling):
+        outer, r, c = _grouped_view(shape, scheme.axis)
+        if c == 1:
+            codes, scale = _mx_2d(x, (1, outer, r), scheme, fmt, rows=True, cols=False)[0]
+        else:
+            codes, scale = _mx_2d(x, (outer, r, c), scheme, fmt, rows=False, cols=True)[1]
+    else:
+        raise TypeError(f"no Triton cast for {scheme!r}")
+    return codes, scale
+
+
+def quantize_both(t: torch.Tensor, scheme):
+    """Both orientations of a 2-D `t` from one read: (quantize(t, scheme),
+    quantize(t, scheme along axis -2)), for AxisScaling and MXScaling along axis -1.
+
+    The training backward needs each operand scaled along both of its axes (spec §8):
+    x along K (forward) and M (wgrad), w along K and N (dgrad), dy along N (dgrad) and
+    M (wgrad). The second result is what `lowp_torch._training._transposed` views
+    transposed. Same preconditions as `quantize`, plus `t.dim() == 2`.
+    """
+    if t.dim() != 2 or _schemes.normalize_axis(scheme.axis, 2, scheme) != 1:
+        raise ValueError(
+            f"quantize_both takes a 2-D tensor and a scheme along its last axis; got shape "
+            f"{tuple(t.shape)} and {scheme}"
+        )
+    x = t.detach().contiguous()
+    shape = tuple(x.shape)
+    fmt = _formats.element_format(scheme.fmt)
+    view = (1,) + shape
+    with _on_device(x):
+        if isinstance(scheme, _schemes.AxisScaling):
+            row, col = _axis_2d(x, view, fmt, scheme.pow2, rows=True, cols=True)
+        elif isinstance(scheme, _schemes.MXScaling):
+            row, col = _mx_2d(x, view, scheme, fmt, rows=True, cols=True)
+        else:
+            raise TypeError(f"quantize_both takes AxisScaling or MXScaling, got {scheme!r}")
+    along_first = dataclasses.replace(scheme, axis=-2)
+    return (
+        _wrap(*row, scheme, shape, t.dtype, fmt),
+        _wrap(*col, along_first, shape, t.dtype, fmt),
+    )
+
+
+# --- views and wrapping ----------------------------------------------------------------
+
+
+def _grouped_view(shape, axis) -> tuple[int, int, int]:
+    """(outer, R, C): the dims before `axis`, `axis` itself, and the dims after it."""
+    ax = axis % len(shape)
+    return math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1 :])
+
+
+def _wrap(codes, scale, scheme, shape, hp_dtype, fmt) -> _qtensor.QuantizedTensor:
+    """A QuantizedTensor of uint8 codes (shape `shape`) and flat scales."""
+    scale = scale.reshape(scheme.scale_shape(shape))
+    if isinstance(scheme, _schemes.MXScaling):
+        scale = _storage.as_stored(scale, torch.float8_e8m0fnu)
+    return _qtensor.QuantizedTensor(
+        codes=_storage.as_stored(codes.reshape(shape), _storage.CODE_DTYPES[fmt.name]),
+        scale=scale,
+        global_scale=None,
+        scheme=scheme,
+        shape=shape,
+        hp_dtype=hp_dtype,
+    )
+
+
+def _on_device(x):
+    """Launch on x's GPU (Triton launches on the current device), or anywhere for
+    the interpreter's CPU tensors."""
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def _native() -> bool:
+    """Whether the kernels may use Triton's fp8 conversion (see `_triton_kernels`)."""
+    return not triton.knobs.runtime.interpret
+
+
+def _element_args(fmt) -> dict:
+    return {
+        "FMT_MAX": fmt.max,
+        "EBITS": fmt.ebits,
+        "MBITS": fmt.mbits,
+        "BIAS": fmt.bias,
+        "NATIVE": _native(),
+    }
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _warps(tile_elements: int) -> int:
+    """Warps for a tile: _ELEMENTS_PER_THREAD each, between 1 and 16."""
+    return min(16, max(1, tile_elements // (32 * _ELEMENTS_PER_THREAD)))
+
+
+# --- launches --------------------------------------------------------------------------
+
+
+def _tensor(x, fmt, pow2):
+    n = x.numel()
+    codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    scale = torch.empty((), dtype=torch.float32, device=x.device)
+    amax = torch.zeros(1, dtype=torch.int32, device=x.device)
+    tiles = triton.cdiv(n, _FLAT_BLOCK)
+    if tiles:
+        # A power of two tiles per program: few distinct compilations.
+        per_program = _pow2_at_least(triton.cdiv(tiles, _AMAX_PROGRAMS))
+        K.tensor_amax_kernel[(triton.cdiv(tiles, per_program),)](
+            x, amax, n, TILES=per_program, BLOCK=_FLAT_BLOCK, num_warps=_warps(_FLAT_BLOCK)
+        )
+    # At least one program: it stores the scale, also of an empty tensor.
+    K.tensor_cast_kernel[(max(tiles, 1),)](
+        x,
+        amax,
+        codes,
+        scale,
+        n,
+        POW2=pow2,
+        BLOCK=_FLAT_BLOCK,
+        num_warps=_warps(_FLAT_BLOCK),
+        **_element_args(fmt),
+    )
+    return codes, scale
+
+
+def _axis_rows(x, rows, cols, fmt, pow2):
+    codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    scale = torch.empty(rows, dtype=torch.float32, device=x.device)
+    if rows == 0:
+        return codes, scale
+    block_k = _pow2_at_least(cols) if cols <= _ROWS_ONE_PASS else _ROWS_CHUNK
+    block_m = min(max(1, _TILE_ELEMENTS // block_k), _pow2_at_least(rows))
+    K.axis_rows_kernel[(triton.cdiv(rows, block_m),)](
+        x,
+        codes,
+        scale,
+        rows,
+        cols,
+        POW2=pow2,
+        BLOCK_M=block_m,
+        BLOCK_K=block_k,
+        CHUNKS=max(1, triton.cdiv(cols, block_k)),
+        num_warps=_warps(block_m * block_k),
+        **_element_args(fmt),
+    )
+    return codes, scale
+
+
+def _grid_2d(view, block_r, block_c) -> tuple[int, int, int]:
+    """(programs, tiles_r, tiles_c); a zero-sized R or C still gets one tile of
+    masked lanes, so that the scales of its (empty) groups are stored."""
+    outer, r, c = view
+    tiles_r, tiles_c = max(1, triton.cdiv(r, block_r)), max(1, triton.cdiv(c, block_c))
+    return outer * tiles_r * tiles_c, tiles_r, tiles_c
+
+
+def _axis_2d(x, view, fmt, pow2, rows: bool, cols: bool):
+    """[(row codes, row scales) or None, (column codes, column scales) or None]."""
+    outer, r, c = view
+    device = x.device
+    row_amax = torch.zeros(outer * r if rows else 1, dtype=torch.int32, device=device)
+    col_amax = torch.zeros(outer * c if cols else 1, dtype=torch.int32, device=device)
+    row_codes = torch.empty(x.shape if rows else 1, dtype=torch.uint8, device=device)
+    col_codes = torch.empty(x.shape if cols else 1, dtype=torch.uint8, device=device)
+    row_scale = torch.empty(outer * r if rows else 1, dtype=torch.float32, device=device)
+    col_scale = torch.empty(outer * c if cols else 1, dtype=torch.float32, device=device)
+    block_r = min(_TILE[0], _pow2_at_least(r))
+    block_c = min(_TILE[1], _pow2_at_least(c))
+    programs, tiles_r, tiles_c = _grid_2d(view, block_r, block_c)
+    if programs:
+        common = {"ROWS": rows, "COLS": cols, "BLOCK_R": block_r, "BLOCK_C": block_c}
+        warps = _warps(block_r * block_c)
+        K.axis_amax_2d_kernel[(programs,)](
+            x, row_amax, col_amax, r, c, tiles_r, tiles_c, num_warps=warps, **common
+        )
+        K.axis_cast_2d_kernel[(programs,)](
+            x,
+            row_amax,
+            row_codes,
+            row_scale,
+            col_amax,
+            col_codes,
+            col_scale,
+            r,
+            c,
+            tiles_r,
+            tiles_c,
+            POW2=pow2,
+            num_warps=warps,
+            **common,
+            **_element_args(fmt),
+        )
+    return [(row_codes, row_scale) if rows else None, (col_codes, col_scale) if cols else None]
+
+
+def _mx_2d(x, view, scheme, fmt, rows: bool, cols: bool):
+    """[(row codes, row scale bytes) or None, (column codes, column scale bytes) or None]."""
+    outer, r, c = view
+    group = scheme.block
+    device = x.device
+    row_codes = torch.empty(x.shape if rows else 1, dtype=torch.uint8, device=device)
+    col_codes = torch.empty(x.shape if cols else 1, dtype=torch.uint8, device=device)
+    row_scale = torch.empty(
+        outer * r * (c // group) if rows else 1, dtype=torch.uint8, device=device
+    )
+    col_scale = torch.empty(
+        outer * (r // group) * c if cols else 1, dtype=torch.uint8, device=device
+    )
+    # Tiles hold whole blocks along each grouped axis (group divides that axis).
+    block_r = min(_TILE[0], _pow2_at_least(r))
+    block_c = min(_TILE[1], _pow2_at_least(c))
+    if cols:
+        block_r = max(block_r, group)
+    if rows:
+        block_c = max(block_c, group)
+    programs, tiles_r, tiles_c = _grid_2d(view, block_r, block_c)
+    if programs and x.numel():  # no element, no group: nothing to store
+        K.mx_2d_kernel[(programs,)](
+            x,
+            row_codes,
+            row_scale,
+            col_codes,
+            col_scale,
+            r,
+            c,
+            tiles_r,
+            tiles_c,
+            ROWS=rows,
+            COLS=cols,
+            GROUP=group,
+            MODE=_MX_MODES[scheme.mode],
+            EMAX=fmt.emax,
+            MAX_MANTISSA=fmt.max_mantissa,
+            BLOCK_R=block_r,
+            BLOCK_C=block_c,
+            num_warps=_warps(block_r * block_c),
+            **_element_args(fmt),
+        )
+    return [(row_codes, row_scale) if rows else None, (col_codes, col_scale) if cols else None]

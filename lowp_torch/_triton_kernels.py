@@ -1,0 +1,392 @@
+"""Triton kernels for the fp8 casts of spec §3.1 (tensor, axis) and §3.2 (MX).
+
+Each kernel reads the high-precision tensor in its own dtype (float32, bfloat16 or
+float16; the conversion to float32 is exact) and writes uint8 codes and the scales.
+They compute what `lowp/_quantize.py` computes, with the operations spec §0 allows:
+
+- every max, flush, exponent and power of two is integer arithmetic on float32 bits
+  (`_ftz`, `_abs_bits`, `_mx_scale`), so hardware that flushes subnormals cannot
+  change a byte;
+- the two divisions of the float scales, `max / max(amax, EPS)` and `1 / m`, are
+  `tl.math.div_rn`, the correctly rounded divide: Triton's `/` on float32 is an
+  approximate one (spec §0.4);
+- the only other float operation is one product, `x * m` (or `x * 2^(127-s)`), whose
+  result is flushed, clamped and encoded: no add follows a product, so FMA contraction
+  has nothing to contract;
+- the element is clamped to ±max and flushed before it is encoded, and poisoned groups
+  (NaN/Inf, spec §6) are replaced by +0 first, so the encoder only ever sees finite
+  in-range values. For those, the native round-to-nearest-even conversion
+  (`cvt.rn.satfinite.e4m3x2/e5m2x2.f32` on sm_89+) is exactly E_fmt of spec §2: its
+  saturation never triggers, and its subnormal and tie handling is IEEE's (§0.5 allows
+  it). The Triton CPU interpreter's emulation of that cast is not round-to-nearest-even
+  (it rounds ties up and drops the carry into the exponent), so under the interpreter
+  the kernels use `_encode_bits`, the integer encoder of spec §2, instead: `NATIVE`.
+
+Shapes are viewed as (outer, R, C) with C contiguous: groups along C are "rows"
+(AxisScaling / MXScaling along the last axis), groups along R are "columns" (along
+any other axis; C is then the product of the dims after it). Offsets are int64: a
+tensor may have more than 2**31 elements.
+"""
+
+import triton
+import triton.language as tl
+
+# Globals a kernel reads must be tl.constexpr.
+_EXP_MASK = tl.constexpr(0x7F800000)
+_ABS_MASK = tl.constexpr(0x7FFFFFFF)
+_SIGN = tl.constexpr(-2147483648)  # 0x80000000 as an int32
+_NAN_F32 = tl.constexpr(0x7FC00000)
+_EPS_BITS = tl.constexpr(0x2B8CBCCC)  # float32(1e-12), the float scales' amax floor (§3.1)
+
+
+@triton.jit
+def _ftz(v):
+    """Subnormal float32 -> zero of the same sign, by a bit test (spec §0.2)."""
+    b = v.to(tl.int32, bitcast=True)
+    b = tl.where((b & _EXP_MASK) == 0, b & _SIGN, b)
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _abs_bits(x):
+    """|x| as int32 patterns of an already flushed x: an exact, NaN-aware max key."""
+    return x.to(tl.int32, bitcast=True) & _ABS_MASK
+
+
+@triton.jit
+def _load(ptr, offsets, mask):
+    """float32 x (flushed) and its |x| bits; masked lanes read 0 (neutral for a max)."""
+    x = _ftz(tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32))
+    return x, _abs_bits(x)
+
+
+@triton.jit
+def _float_scale(amax_bits, FMT_MAX: tl.constexpr, POW2: tl.constexpr):
+    """(m, stored scale d, poisoned) of spec §3.1 for group amax patterns (any shape)."""
+    poisoned = amax_bits >= _EXP_MASK
+    # A poisoned group's amax counts as 0; max(amax, EPS) on bits is exact.
+    safe = tl.where(poisoned, _EPS_BITS, tl.maximum(amax_bits, _EPS_BITS))
+    m = tl.math.div_rn(
+        tl.zeros_like(safe).to(tl.float32) + FMT_MAX, safe.to(tl.float32, bitcast=True)
+    )
+    if POW2:  # round down to a power of two by clearing the mantissa
+        m = (m.to(tl.int32, bitcast=True) & _EXP_MASK).to(tl.float32, bitcast=True)
+    d = tl.math.div_rn(tl.zeros_like(m) + 1.0, m)
+    scale = tl.where(poisoned, _NAN_F32, d.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+    return m, scale, poisoned
+
+
+@triton.jit
+def _mx_scale(amax_bits, MODE: tl.constexpr, EMAX: tl.constexpr, MAX_MANTISSA: tl.constexpr):
+    """(multiplier 2^(127-s), e8m0 byte s, poisoned) of spec §3.2; MODE 0 floor, 1 ceil, 2 rceil."""
+    poisoned = amax_bits >= _EXP_MASK
+    a = tl.where(poisoned, 0, amax_bits)
+    exponent = (a >> 23) & 0xFF
+    mantissa = a & 0x7FFFFF
+    if MODE == 1:
+        exponent += (mantissa != 0).to(tl.int32)
+    elif MODE == 2:
+        exponent += (mantissa > MAX_MANTISSA).to(tl.int32)
+    s = tl.maximum(exponent - EMAX, 0)
+    # 2^(127 - s), normal for s <= 253; 1 in a poisoned group, as in the reference.
+    multiplier = ((254 - tl.where(poisoned, 127, s)) << 23).to(tl.float32, bitcast=True)
+    return multiplier, tl.where(poisoned, 255, s), poisoned
+
+
+@triton.jit
+def _encode_bits(v, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
+    """E_fmt of spec §2 in integer ops (`lowp._formats.encode`): finite |v| <= max."""
+    b = v.to(tl.int32, bitcast=True)
+    sign = (b >> 31) & 1
+    e32 = (b >> 23) & 0xFF
+    mantissa = b & 0x7FFFFF
+    sig = tl.where(e32 > 0, mantissa | 0x800000, mantissa)
+    target = tl.maximum(e32, 1) - 127 + BIAS
+    field = tl.maximum(target, 1)
+    shift = tl.minimum(23 - MBITS + (field - target), 25)
+    one = tl.full(shift.shape, 1, tl.int32)
+    kept = sig >> shift
+    rest = sig & ((one << shift) - 1)
+    half = one << (shift - 1)
+    up = (rest > half) | ((rest == half) & ((kept & 1) == 1))
+    magnitude = ((field - 1) << MBITS) + kept + up.to(tl.int32)
+    return ((sign << (EBITS + MBITS)) | magnitude).to(tl.uint8)
+
+
+@triton.jit
+def _encode(
+    x,
+    multiplier,
+    poisoned,
+    FMT_MAX: tl.constexpr,
+    EBITS: tl.constexpr,
+    MBITS: tl.constexpr,
+    BIAS: tl.constexpr,
+    NATIVE: tl.constexpr,
+):
+    """uint8 codes of ftz(x * multiplier), clamped to ±max; code 0 where poisoned."""
+    v = _ftz(x * multiplier)
+    v = tl.where(poisoned, 0.0, v)
+    v = tl.minimum(tl.maximum(v, -FMT_MAX), FMT_MAX)
+    if NATIVE:
+        if EBITS == 5:
+            c = v.to(tl.float8e5, fp_downcast_rounding="rtne")
+        else:
+            c = v.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+        return c.to(tl.uint8, bitcast=True)
+    return _encode_bits(v, EBITS, MBITS, BIAS)
+
+
+# --- TensorScaling: an amax pass, then a cast pass -------------------------------------
+
+
+@triton.jit
+def tensor_amax_kernel(x_ptr, amax_ptr, n, TILES: tl.constexpr, BLOCK: tl.constexpr):
+    """amax_ptr[0] = max(amax_ptr[0], max |x| bits over this program's TILES tiles).
+
+    Loop bounds here are constexpr: the Triton interpreter (3.6, NumPy 2) cannot take
+    a runtime scalar as a `range` bound."""
+    start = tl.program_id(0).to(tl.int64) * (TILES * BLOCK)
+    acc = tl.zeros([BLOCK], tl.int32)
+    for i in range(TILES):
+        offsets = start + i * BLOCK + tl.arange(0, BLOCK)
+        _, absb = _load(x_ptr, offsets, offsets < n)
+        acc = tl.maximum(acc, absb)
+    tl.atomic_max(amax_ptr, tl.max(acc, axis=0))
+
+
+@triton.jit
+def tensor_cast_kernel(
+    x_ptr,
+    amax_ptr,
+    codes_ptr,
+    scale_ptr,
+    n,
+    FMT_MAX: tl.constexpr,
+    EBITS: tl.constexpr,
+    MBITS: tl.constexpr,
+    BIAS: tl.constexpr,
+    POW2: tl.constexpr,
+    NATIVE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Codes of BLOCK elements with the tensor's scale; program 0 stores the scale."""
+    pid = tl.program_id(0)
+    m, scale, poisoned = _float_scale(tl.load(amax_ptr), FMT_MAX, POW2)
+    tl.store(scale_ptr, scale, mask=pid == 0)
+    offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x, _ = _load(x_ptr, offsets, mask)
+    codes = _encode(x, m, poisoned, FMT_MAX, EBITS, MBITS, BIAS, NATIVE)
+    tl.store(codes_ptr + offsets, codes, mask=mask)
+
+
+# --- AxisScaling along the last axis: one read when a row fits a tile ------------------
+
+
+@triton.jit
+def axis_rows_kernel(
+    x_ptr,
+    codes_ptr,
+    scale_ptr,
+    rows,
+    cols,
+    FMT_MAX: tl.constexpr,
+    EBITS: tl.constexpr,
+    MBITS: tl.constexpr,
+    BIAS: tl.constexpr,
+    POW2: tl.constexpr,
+    NATIVE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    CHUNKS: tl.constexpr,
+):
+    """BLOCK_M rows, each its own group. CHUNKS == 1 (cols <= BLOCK_K): the rows stay
+    in registers between the amax and the cast; else they are read twice, in CHUNKS
+    chunks of BLOCK_K (the second read mostly from L2). CHUNKS is constexpr for the
+    interpreter's sake (see `tensor_amax_kernel`)."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = r < rows
+    base = r[:, None] * cols
+    k = tl.arange(0, BLOCK_K)[None, :]
+    if CHUNKS == 1:
+        mask = row_mask[:, None] & (k < cols)
+        x, absb = _load(x_ptr, base + k, mask)
+        m, scale, poisoned = _float_scale(tl.max(absb, axis=1), FMT_MAX, POW2)
+        codes = _encode(x, m[:, None], poisoned[:, None], FMT_MAX, EBITS, MBITS, BIAS, NATIVE)
+        tl.store(codes_ptr + base + k, codes, mask=mask)
+    else:
+        amax = tl.zeros([BLOCK_M], tl.int32)
+        for i in range(CHUNKS):
+            k0 = i * BLOCK_K
+            _, absb = _load(x_ptr, base + k0 + k, row_mask[:, None] & (k0 + k < cols))
+            amax = tl.maximum(amax, tl.max(absb, axis=1))
+        m, scale, poisoned = _float_scale(amax, FMT_MAX, POW2)
+        for i in range(CHUNKS):
+            k0 = i * BLOCK_K
+            mask = row_mask[:, None] & (k0 + k < cols)
+            x, _ = _load(x_ptr, base + k0 + k, mask)
+            codes = _encode(x, m[:, None], poisoned[:, None], FMT_MAX, EBITS, MBITS, BIAS, NATIVE)
+            tl.store(codes_ptr + base + k0 + k, codes, mask=mask)
+    tl.store(scale_ptr + r, scale, mask=row_mask)
+
+
+# --- 2-D tiles of (outer, R, C): column groups, and both orientations at once ----------
+
+
+@triton.jit
+def _tile(pid, tiles_r, tiles_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """(outer index, tile row, tile column, r, c) of program `pid`, tiles row-major
+    (the host gives an empty R or C one tile, so these are never 0)."""
+    o = pid // (tiles_r * tiles_c)
+    tr = (pid // tiles_c) % tiles_r
+    tc = pid % tiles_c
+    r = tr.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tc.to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    return o.to(tl.int64), tr, tc, r, c
+
+
+@triton.jit
+def axis_amax_2d_kernel(
+    x_ptr,
+    row_amax_ptr,
+    col_amax_ptr,
+    R,
+    C,
+    tiles_r,
+    tiles_c,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Atomic max of each tile's |x| bits into the row maxima (outer, R) and/or the
+    column maxima (outer, C), both zero-initialised int32."""
+    o, _, _, r, c = _tile(tl.program_id(0), tiles_r, tiles_c, BLOCK_R, BLOCK_C)
+    mask = (r < R)[:, None] & (c < C)[None, :]
+    _, absb = _load(x_ptr, o * R * C + r[:, None] * C + c[None, :], mask)
+    if ROWS:
+        tl.atomic_max(row_amax_ptr + o * R + r, tl.max(absb, axis=1), mask=r < R)
+    if COLS:
+        tl.atomic_max(col_amax_ptr + o * C + c, tl.max(absb, axis=0), mask=c < C)
+
+
+@triton.jit
+def axis_cast_2d_kernel(
+    x_ptr,
+    row_amax_ptr,
+    row_codes_ptr,
+    row_scale_ptr,
+    col_amax_ptr,
+    col_codes_ptr,
+    col_scale_ptr,
+    R,
+    C,
+    tiles_r,
+    tiles_c,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    FMT_MAX: tl.constexpr,
+    EBITS: tl.constexpr,
+    MBITS: tl.constexpr,
+    BIAS: tl.constexpr,
+    POW2: tl.constexpr,
+    NATIVE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """One read of a tile, codes scaled by its rows' and/or its columns' maxima; the
+    first tile of each row (column) stores that row's (column's) scale."""
+    o, tr, tc, r, c = _tile(tl.program_id(0), tiles_r, tiles_c, BLOCK_R, BLOCK_C)
+    row_mask, col_mask = r < R, c < C
+    mask = row_mask[:, None] & col_mask[None, :]
+    offsets = o * R * C + r[:, None] * C + c[None, :]
+    x, _ = _load(x_ptr, offsets, mask)
+    if ROWS:
+        amax = tl.load(row_amax_ptr + o * R + r, mask=row_mask, other=0)
+        m, scale, poisoned = _float_scale(amax, FMT_MAX, POW2)
+        codes = _encode(x, m[:, None], poisoned[:, None], FMT_MAX, EBITS, MBITS, BIAS, NATIVE)
+        tl.store(row_codes_ptr + offsets, codes, mask=mask)
+        tl.store(row_scale_ptr + o * R + r, scale, mask=row_mask & (tc == 0))
+    if COLS:
+        amax = tl.load(col_amax_ptr + o * C + c, mask=col_mask, other=0)
+        m, scale, poisoned = _float_scale(amax, FMT_MAX, POW2)
+        codes = _encode(x, m[None, :], poisoned[None, :], FMT_MAX, EBITS, MBITS, BIAS, NATIVE)
+        tl.store(col_codes_ptr + offsets, codes, mask=mask)
+        tl.store(col_scale_ptr + o * C + c, scale, mask=col_mask & (tr == 0))
+
+
+@triton.jit
+def mx_2d_kernel(
+    x_ptr,
+    row_codes_ptr,
+    row_scale_ptr,
+    col_codes_ptr,
+    col_scale_ptr,
+    R,
+    C,
+    tiles_r,
+    tiles_c,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    GROUP: tl.constexpr,
+    MODE: tl.constexpr,
+    EMAX: tl.constexpr,
+    MAX_MANTISSA: tl.constexpr,
+    FMT_MAX: tl.constexpr,
+    EBITS: tl.constexpr,
+    MBITS: tl.constexpr,
+    BIAS: tl.constexpr,
+    NATIVE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """MX blocks of GROUP elements along C (ROWS; scales (outer, R, C/GROUP)) and/or
+    along R (COLS; scales (outer, R/GROUP, C)), from one read of a tile. A tile holds
+    whole blocks (BLOCK_C, resp. BLOCK_R, is a multiple of GROUP, and GROUP divides C,
+    resp. R), so masked lanes fill whole blocks of their own."""
+    o, tr, tc, r, c = _tile(tl.program_id(0), tiles_r, tiles_c, BLOCK_R, BLOCK_C)
+    row_mask, col_mask = r < R, c < C
+    mask = row_mask[:, None] & col_mask[None, :]
+    offsets = o * R * C + r[:, None] * C + c[None, :]
+    x, absb = _load(x_ptr, offsets, mask)
+    if ROWS:
+        amax = tl.max(tl.reshape(absb, (BLOCK_R, BLOCK_C // GROUP, GROUP)), axis=2)
+        mult, s, poisoned = _mx_scale(amax, MODE, EMAX, MAX_MANTISSA)
+        mult = tl.reshape(
+            tl.broadcast_to(mult[:, :, None], (BLOCK_R, BLOCK_C // GROUP, GROUP)),
+            (BLOCK_R, BLOCK_C),
+        )
+        poisoned = tl.reshape(
+            tl.broadcast_to(poisoned[:, :, None], (BLOCK_R, BLOCK_C // GROUP, GROUP)),
+            (BLOCK_R, BLOCK_C),
+        )
+        codes = _encode(x, mult, poisoned, FMT_MAX, EBITS, MBITS, BIAS, NATIVE)
+        tl.store(row_codes_ptr + offsets, codes, mask=mask)
+        j = tc.to(tl.int64) * (BLOCK_C // GROUP) + tl.arange(0, BLOCK_C // GROUP)
+        scale_offsets = o * R * (C // GROUP) + r[:, None] * (C // GROUP) + j[None, :]
+        tl.store(
+            row_scale_ptr + scale_offsets,
+            s.to(tl.uint8),
+            mask=row_mask[:, None] & (j < C // GROUP)[None, :],
+        )
+    if COLS:
+        amax = tl.max(tl.reshape(absb, (BLOCK_R // GROUP, GROUP, BLOCK_C)), axis=1)
+        mult, s, poisoned = _mx_scale(amax, MODE, EMAX, MAX_MANTISSA)
+        mult = tl.reshape(
+            tl.broadcast_to(mult[:, None, :], (BLOCK_R // GROUP, GROUP, BLOCK_C)),
+            (BLOCK_R, BLOCK_C),
+        )
+        poisoned = tl.reshape(
+            tl.broadcast_to(poisoned[:, None, :], (BLOCK_R // GROUP, GROUP, BLOCK_C)),
+            (BLOCK_R, BLOCK_C),
+        )
+        codes = _encode(x, mult, poisoned, FMT_MAX, EBITS, MBITS, BIAS, NATIVE)
+        tl.store(col_codes_ptr + offsets, codes, mask=mask)
+        i = tr.to(tl.int64) * (BLOCK_R // GROUP) + tl.arange(0, BLOCK_R // GROUP)
+        scale_offsets = o * (R // GROUP) * C + i[:, None] * C + c[None, :]
+        tl.store(
+            col_scale_ptr + scale_offsets,
+            s.to(tl.uint8),
+            mask=(i < R // GROUP)[:, None] & col_mask[None, :],
+        )

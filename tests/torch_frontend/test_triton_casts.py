@@ -1,0 +1,399 @@
+"""The Triton fast casts against the NumPy reference `lowp.quantize`, byte for byte.
+
+Three tiers:
+
+- interpreter (CPU, where triton is installed): the kernels run under Triton's CPU
+  interpreter, in a subprocess started with TRITON_INTERPRET=1 (triton reads it when a
+  kernel is defined, so it cannot be switched on inside this process, and other tests
+  must keep compiling normally). Every supported scheme x element format, axis and MX
+  mode, float32 with every edge case of lowp._conformance (spec §6: NaN, Inf, zeros,
+  ties, above max, powers of two, subnormals, huge, tiny) and bfloat16/float16 on a
+  rotation, empty shapes, both orientations (`quantize_both`), and a second run with
+  tiny tiles on odd shapes so that partial tiles, several chunks per row and several
+  tiles per amax program are exercised. The interpreter emulates Triton with NumPy:
+  it cannot show GPU numerics (approximate division, FMA contraction, the native fp8
+  conversion, which it replaces by the integer encoder; see `_triton_kernels`).
+- GPU (CUDA only): the same plan, the Triton path against the reference and against
+  the torch-ops path on CUDA, plus 1M random values per scheme and input dtype at
+  shapes that use the real tiles (rows longer than one pass included).
+- dispatch (everywhere, no triton needed): when `quantize` takes which path, and the
+  errors of `cast_kernels`.
+"""
+
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import unittest.mock
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import lowp
+import lowp_torch
+from lowp._conformance import cases, compare
+from lowp_torch import _cast_kernels
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+NO_TRITON = "triton is not installed (the wheel pytorch's CUDA builds depend on)"
+E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
+# Tiles small enough that the odd SMALL_TILE_SHAPES span several of them, partially.
+SMALL_TILES = {
+    "_FLAT_BLOCK": 64,
+    "_AMAX_PROGRAMS": 2,
+    "_ROWS_ONE_PASS": 16,
+    "_ROWS_CHUNK": 16,
+    "_TILE_ELEMENTS": 64,
+    "_TILE": (4, 16),
+}
+
+
+# Edge cases where the input dtype matters (its conversion, subnormals, range), and a
+# few that fill every tile of the tiny-tile run with different groups.
+HP_DTYPE_EDGES = ("random", "ties", "subnormal", "only_subnormals", "huge", "hp_patterns")
+SMALL_TILE_EDGES = ("random", "nonfinite_groups", "random_exponents")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One configuration of lowp._conformance, and how the Triton path runs it.
+
+    variant: "quantize" (through `lowp_torch.quantize` under cast_kernels("triton")),
+    "small_tiles" (the same with SMALL_TILES), or "both" (`quantize_both`, compared
+    with the reference along axis -1 and along axis -2).
+    """
+
+    config: cases.Configuration
+    variant: str = "quantize"
+    edges: tuple[str, ...] | None = None  # the edge cases it runs; None: all of them
+
+    @property
+    def id(self) -> str:
+        return f"{self.variant}-{self.config.id}"
+
+
+def _schemes():
+    """Every scheme the kernels implement, each element format, axis and MX mode."""
+    out = []
+    for fmt in (E4M3, E5M2):
+        out += [lowp.TensorScaling(fmt, pow2=p) for p in (False, True)]
+        out += [lowp.AxisScaling(fmt, axis=a, pow2=p) for a in (-1, 0) for p in (False, True)]
+        out += [lowp.MXScaling(fmt, block=8, mode=m) for m in cases.MX_MODES]
+        out.append(lowp.MXScaling(fmt, block=2, mode="rceil", axis=0))
+    out += [lowp.MXScaling(mode="rceil"), lowp.AxisScaling(axis=1, pow2=True)]
+    out.append(lowp.MXScaling(E5M2, block=2, mode="floor", axis=1))
+    return out
+
+
+def plan() -> list[Case]:
+    """The cases both the interpreter and the GPU tiers run: every scheme with float32
+    and every edge case; bfloat16 / float16 (in turn) with the edge cases where the
+    input dtype matters; empty shapes; tiny tiles (in turn) on a few inputs. Ranks
+    rotate. Sized for the interpreter: about 25 s on each of two CPUs."""
+    out = []
+    for j, scheme in enumerate(_schemes()):
+        axis = getattr(scheme, "axis", -1)
+        rank = next(r for r in (1, 2, 3, 4, 4) if r >= 1 + j % 4 and _admits(scheme, r))
+        out.append(Case(cases.Configuration(scheme, cases.SHAPES[rank])))
+        hp_dtype = ("bfloat16", "float16", None)[j % 3]
+        if hp_dtype:
+            config = cases.Configuration(scheme, cases.SHAPES[rank], hp_dtype)
+            out.append(Case(config, edges=HP_DTYPE_EDGES))
+        if j % 4 == 1:
+            out.append(Case(cases.Configuration(scheme, cases.EMPTY_SHAPES[rank])))
+        if j % 2 == 0 or axis == 1:
+            block = getattr(scheme, "block", 8)
+            shape = (3, 6, 40) if axis == 1 else (6, 40 if block <= 8 else 64)
+            config = cases.Configuration(scheme, shape, "bfloat16")
+            out.append(Case(config, "small_tiles", SMALL_TILE_EDGES))
+    for scheme in (
+        lowp.AxisScaling(pow2=True),
+        lowp.AxisScaling(E5M2),
+        lowp.MXScaling(block=2, mode="rceil"),
+        lowp.MXScaling(E5M2, block=2, mode="ceil"),
+    ):
+        out.append(Case(cases.Configuration(scheme, (6, 32), "bfloat16"), "both"))
+    out.append(Case(cases.Configuration(lowp.MXScaling(block=2), (6, 0)), "both"))
+    return out
+
+
+def _admits(scheme, rank: int) -> bool:
+    """Whether `scheme` takes the conformance shape of `rank` as its axis (not the last)."""
+    try:
+        scheme.check_shape(cases.SHAPES[rank])
+    except ValueError:
+        return False
+    return getattr(scheme, "axis", -1) in (-1, rank - 1) or rank > 1
+
+
+PLAN = plan()
+
+
+# --- running a case (in the interpreter subprocess, or on CUDA) -------------------------
+
+
+def _outputs(q) -> compare.Outputs:
+    """A quantized tensor as the conformance comparison takes it (and its dequantization
+    by lowp_torch, which checks the scale dtypes and shapes the wrapper gave it)."""
+    deq = lowp_torch.dequantize(q, torch.float32).cpu().numpy()
+    return compare.Outputs(lowp_torch.to_lowp(q), {"float32": deq})
+
+
+def _reference(x, scheme):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # overflow in poisoned groups
+        return lowp.quantize(x, scheme)
+
+
+def _differences(x, ref, q) -> list[str]:
+    with np.errstate(over="ignore"):  # see compare.reference_dequantized
+        return compare.differences(x, ref, _outputs(q))
+
+
+def run_case(case: Case, device: str) -> list[str]:
+    """Every difference from the reference, over every edge-case input of `case`."""
+    from lowp_torch import _triton_casts
+
+    failures = []
+    scheme = case.config.scheme
+    for edge, x in cases.inputs(case.config):
+        if case.edges is not None and edge.split("#")[0] not in case.edges:
+            continue
+        t = torch.from_numpy(_bits_of(x)).view(getattr(torch, case.config.hp_dtype)).to(device)
+        if case.variant == "both":
+            rows, cols = _triton_casts.quantize_both(t, scheme)
+            along_first = dataclasses.replace(scheme, axis=-2)
+            problems = _differences(x, _reference(x, scheme), rows)
+            problems += [f"axis -2: {p}" for p in _differences(x, _reference(x, along_first), cols)]
+        else:
+            tiles = (
+                unittest.mock.patch.multiple(_triton_casts, **SMALL_TILES)
+                if case.variant == "small_tiles"
+                else contextlib.nullcontext()
+            )
+            with tiles, lowp_torch.cast_kernels("triton"):
+                q = lowp_torch.quantize(t, scheme)
+            problems = _differences(x, _reference(x, scheme), q)
+        failures += [f"[{edge}] {p}" for p in problems]
+    return failures
+
+
+def _bits_of(x: np.ndarray) -> np.ndarray:
+    """x's bits as a NumPy int array torch can take (torch has no ml_dtypes bfloat16)."""
+    return x.view({2: np.int16, 4: np.int32}[x.dtype.itemsize])
+
+
+# --- tier 1: the interpreter ------------------------------------------------------------
+
+
+SHARDS = 2  # interpreter subprocesses side by side: CI has two CPUs and pytest uses one
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    """{case id: failures} from interpreter subprocesses running PLAN, SHARDS at once."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
+    shards = [
+        subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), str(k)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(SHARDS)
+    ]
+    results = {}
+    for shard in shards:
+        out, err = shard.communicate(timeout=600)
+        if shard.returncode != 0:
+            pytest.fail(f"the interpreter run failed:\n{err[-4000:]}")
+        results.update(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason=NO_TRITON)
+@pytest.mark.parametrize("case", PLAN, ids=lambda c: c.id)
+def test_interpreted_kernels_match_lowp(interpreted, case):
+    failures = interpreted[case.id]
+    assert not failures, "\n".join(failures[:20])
+
+
+def _interpreter_main(shard: int):
+    """The subprocess: run every SHARDS-th case of PLAN from `shard` on CPU tensors,
+    print {case id: failures} as JSON."""
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    torch.set_num_threads(1)
+    # The interpreter multiplies the values of poisoned groups in NumPy, as the
+    # reference does under np.errstate: overflow there is expected and overwritten.
+    warnings.simplefilter("ignore", RuntimeWarning)
+    results = {}
+    for case in PLAN[shard::SHARDS]:
+        try:
+            results[case.id] = run_case(case, "cpu")
+        except Exception as e:  # noqa: BLE001 - reported per case, the others still run
+            results[case.id] = [f"error: {e!r}"]
+    print(json.dumps(results))
+
+
+# --- tier 2: CUDA ----------------------------------------------------------------------
+
+ON_GPU = pytest.mark.skipif(
+    not (torch.cuda.is_available() and HAS_TRITON), reason="needs CUDA and triton"
+)
+
+
+@ON_GPU
+@pytest.mark.parametrize("case", PLAN, ids=lambda c: c.id)
+def test_gpu_kernels_match_lowp(case):
+    failures = run_case(case, "cuda")
+    assert not failures, "\n".join(failures[:20])
+
+
+# Shapes with the real tiles: 1M elements; the (16, 65536) rows are longer than one pass.
+GPU_RANDOM = [
+    (scheme, shape)
+    for scheme in _schemes()
+    for shape in ((1024, 1024), (16, 65536), (64, 128, 128))
+    if not (getattr(scheme, "axis", -1) == 1 and len(shape) == 2)
+]
+
+
+@ON_GPU
+@pytest.mark.parametrize("hp_dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize(
+    "scheme, shape", GPU_RANDOM, ids=[f"{cases.scheme_id(s)}-{sh}" for s, sh in GPU_RANDOM]
+)
+def test_gpu_kernels_match_lowp_and_torch_on_1m_random_values(scheme, shape, hp_dtype):
+    """Random magnitudes 1e-30 .. 1e30 (per element and per 16-run, so group maxima and
+    the scale quotients span the range): Triton == lowp == the torch-ops path on CUDA."""
+    dtype = cases.HP_DTYPES[hp_dtype]
+    for chunk in (None, 16):
+        with np.errstate(over="ignore"):
+            x = cases.random_magnitudes(shape, seed=len(shape), chunk=chunk).astype(dtype)
+        t = torch.from_numpy(_bits_of(x)).view(getattr(torch, hp_dtype)).cuda()
+        with lowp_torch.cast_kernels("triton"):
+            fast = lowp_torch.quantize(t, scheme)
+        with lowp_torch.cast_kernels("torch"):
+            slow = lowp_torch.quantize(t, scheme)
+        ref = _reference(x, scheme)
+        problems = _differences(x, ref, fast)
+        problems += [f"torch path: {p}" for p in _differences(x, ref, slow)]
+        assert not problems, "\n".join(problems)
+
+
+@ON_GPU
+@pytest.mark.parametrize(
+    "scheme", [lowp.AxisScaling(pow2=True), lowp.MXScaling(mode="rceil")], ids=cases.scheme_id
+)
+def test_gpu_both_orientations_match_lowp_on_1m_random_values(scheme):
+    from lowp_torch import _triton_casts
+
+    x = cases.random_magnitudes((1024, 1024), seed=5, chunk=16).astype(cases.HP_DTYPES["bfloat16"])
+    t = torch.from_numpy(_bits_of(x)).view(torch.bfloat16).cuda()
+    rows, cols = _triton_casts.quantize_both(t, scheme)
+    problems = _differences(x, _reference(x, scheme), rows)
+    problems += _differences(x, _reference(x, dataclasses.replace(scheme, axis=-2)), cols)
+    assert not problems, "\n".join(problems)
+
+
+# --- tier 3: dispatch -------------------------------------------------------------------
+
+
+def _problem(t, scheme, **kwargs):
+    call = {
+        "rounding": "nearest",
+        "random_bits": None,
+        "seed": None,
+        "offset": 0,
+        "check_finite": False,
+    }
+    call.update(kwargs)
+    return _cast_kernels.triton_problem(t, scheme, **call)
+
+
+@pytest.mark.parametrize(
+    "scheme, kwargs, reason",
+    [
+        (lowp.TensorScaling(), {}, "not CUDA"),
+        (lowp.TensorScaling(), {"forced": True}, "not CUDA"),
+    ],
+)
+def test_cpu_tensors_take_the_torch_path(scheme, kwargs, reason):
+    assert reason in _problem(torch.ones(4, 32), scheme, **kwargs)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason=NO_TRITON)
+@pytest.mark.parametrize(
+    "scheme, kwargs, reason",
+    [
+        (lowp.TensorScaling(), {"rounding": "stochastic", "seed": 1}, "stochastic"),
+        (lowp.TensorScaling(), {"check_finite": True}, "check_finite"),
+        (lowp.TensorScaling("float6_e2m3fn"), {}, "float6_e2m3fn"),
+        (lowp.MXScaling("float4_e2m1fn"), {}, "float4_e2m1fn"),
+        (lowp.BlockScaling(), {}, "BlockScaling"),
+        (lowp.NVFP4Scaling(), {}, "NVFP4Scaling"),
+        (lowp.MXScaling(block=16, axis=0), {}, "shape"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_what_the_triton_path_does_not_run_is_named(scheme, kwargs, reason):
+    with unittest.mock.patch.object(_cast_kernels, "_interpreting", return_value=True):
+        t = torch.ones(4, 32)
+        assert reason in _problem(t, scheme, forced=True, **kwargs)
+        assert _problem(t, lowp.MXScaling(mode="rceil"), forced=True) is None
+
+
+def test_non_power_of_two_mx_blocks_are_named():
+    assert "power of two" in _cast_kernels.scheme_problem(lowp.MXScaling(block=24))
+
+
+@pytest.mark.parametrize("t", [np.ones(3, np.float32), torch.ones(3, dtype=torch.float64)])
+def test_other_inputs_take_the_torch_path_which_refuses_them(t):
+    assert "not a float32/bfloat16/float16 tensor" in _problem(t, lowp.TensorScaling())
+    with pytest.raises(TypeError):
+        lowp_torch.quantize(t, lowp.TensorScaling())
+
+
+def test_forcing_triton_where_it_cannot_run_names_the_reason():
+    with lowp_torch.cast_kernels("triton"), pytest.raises(ValueError, match="x: .*not CUDA"):
+        lowp_torch.quantize(torch.ones(4), lowp.TensorScaling(), name="x")
+
+
+def test_unknown_cast_kernels_mode_is_refused():
+    with pytest.raises(ValueError, match="'fast'"), lowp_torch.cast_kernels("fast"):
+        pass
+
+
+def test_the_mode_is_restored_after_the_block():
+    with lowp_torch.cast_kernels("torch"):
+        with lowp_torch.cast_kernels("triton"):
+            assert _cast_kernels._MODE.get() == "triton"
+        assert _cast_kernels._MODE.get() == "torch"
+    assert _cast_kernels._MODE.get() == "auto"
+
+
+def test_compiled_code_never_takes_the_triton_path():
+    tracing = unittest.mock.patch.object(torch.compiler, "is_compiling", return_value=True)
+    with tracing, lowp_torch.cast_kernels("triton"):  # the mode is ignored while tracing
+        assert not _cast_kernels.use_triton(
+            torch.ones(4),
+            lowp.TensorScaling(),
+            rounding="nearest",
+            random_bits=None,
+            seed=None,
+            offset=0,
+            check_finite=False,
+            name="x",
+        )
+
+
+if __name__ == "__main__":
+    _interpreter_main(int(sys.argv[1]))
