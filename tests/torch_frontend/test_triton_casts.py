@@ -25,6 +25,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import unittest.mock
@@ -241,6 +242,111 @@ def _interpreter_main(shard: int):
         except Exception as e:  # noqa: BLE001 - reported per case, the others still run
             results[case.id] = [f"error: {e!r}"]
     print(json.dumps(results))
+
+
+# --- tier 1b: the GPU code, compiled for the H200 (sm_90) on the CPU --------------------
+#
+# What the interpreter cannot show, the PTX can: each kernel as Triton compiles it for
+# sm_90, with the properties spec §0 needs read off the instructions.
+
+
+def _ptx_variants() -> dict:
+    """name -> (kernel, signature, constexprs, fp8 conversion expected, divides)."""
+    from lowp_torch import _triton_casts
+    from lowp_torch import _triton_kernels as K
+
+    def fmt(name):
+        return {**_triton_casts._element_args(lowp.ELEMENT_FORMATS[name]), "NATIVE": True}
+
+    flat = {"x_ptr": "*bf16", "amax_ptr": "*i32", "codes_ptr": "*u8", "scale_ptr": "*fp32"}
+    rows = {"x_ptr": "*fp16", "codes_ptr": "*u8", "scale_ptr": "*fp32", "rows": "i32"}
+    grid = {"R": "i32", "C": "i32", "tiles_r": "i32", "tiles_c": "i32"}
+    mx = {"x_ptr": "*bf16", "row_codes_ptr": "*u8", "row_scale_ptr": "*u8"}
+    mx |= {"col_codes_ptr": "*u8", "col_scale_ptr": "*u8"} | grid
+    axis = {"x_ptr": "*fp32", "row_amax_ptr": "*i32", "row_codes_ptr": "*u8"}
+    axis |= {"row_scale_ptr": "*fp32", "col_amax_ptr": "*i32", "col_codes_ptr": "*u8"}
+    axis |= {"col_scale_ptr": "*fp32"} | grid
+    mx_consts = {"GROUP": 32, "MODE": 2, "EMAX": 8, "MAX_MANTISSA": 0x600000}
+    both = {"ROWS": True, "COLS": True}
+    return {
+        "tensor-e4m3": (
+            K.tensor_cast_kernel,
+            flat | {"n": "i32"},
+            {"POW2": False, "BLOCK": 4096} | fmt(E4M3),
+            "e4m3",
+            True,
+        ),
+        "tensor-e5m2-pow2": (
+            K.tensor_cast_kernel,
+            flat | {"n": "i64"},
+            {"POW2": True, "BLOCK": 4096} | fmt(E5M2),
+            "e5m2",
+            True,
+        ),
+        "rows-one-pass": (
+            K.axis_rows_kernel,
+            rows | {"cols": "i32"},
+            {"POW2": True, "BLOCK_M": 1, "BLOCK_K": 16384, "CHUNKS": 1} | fmt(E4M3),
+            "e4m3",
+            True,
+        ),
+        "rows-chunked": (
+            K.axis_rows_kernel,
+            rows | {"cols": "i32"},
+            {"POW2": False, "BLOCK_M": 1, "BLOCK_K": 4096, "CHUNKS": 9} | fmt(E5M2),
+            "e5m2",
+            True,
+        ),
+        "axis-both": (
+            K.axis_cast_2d_kernel,
+            axis,
+            both | {"POW2": False, "BLOCK_R": 16, "BLOCK_C": 256} | fmt(E4M3),
+            "e4m3",
+            True,
+        ),
+        "mx-both": (
+            K.mx_2d_kernel,
+            mx,
+            both | mx_consts | {"BLOCK_R": 32, "BLOCK_C": 256} | fmt(E4M3),
+            "e4m3",
+            False,
+        ),
+    }
+
+
+PTX_VARIANTS = ["tensor-e4m3", "tensor-e5m2-pow2", "rows-one-pass", "rows-chunked"]
+PTX_VARIANTS += ["axis-both", "mx-both"]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason=NO_TRITON)
+@pytest.mark.parametrize("variant", PTX_VARIANTS)
+def test_sm90_code_divides_exactly_never_contracts_or_flushes(variant):
+    """Compiled for sm_90, the only float arithmetic is `mul.f32` and, for float scales,
+    `div.rn.f32` (IEEE; Triton's `/` would be `div.full.f32`, approximate): no add for
+    a product to be contracted into (no FMA), no `.ftz` flushing anywhere, and the fp8
+    conversion is the round-to-nearest-even `cvt.rn.satfinite` (spec §0.4-§0.6)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel, signature, constexprs, fp8, divides = _ptx_variants()[variant]
+    source = ASTSource(
+        fn=kernel,
+        signature=signature | dict.fromkeys(constexprs, "constexpr"),
+        constexprs=constexprs,
+    )
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    ops = set(
+        re.findall(r"^\s*(?:@%p\d+\s+)?((?:div|rcp|fma|mul|add|sub|cvt)[.\w]*)", ptx, re.MULTILINE)
+    )
+    # The only float arithmetic: products, each rounded once, and IEEE divisions.
+    arithmetic = {op for op in ops if op.endswith((".f32", ".f16", ".bf16"))}
+    arithmetic -= {op for op in arithmetic if op.startswith("cvt")}
+    assert arithmetic <= {"mul.f32", "div.rn.f32"}, ops
+    assert ".ftz" not in ptx
+    conversions = {op for op in ops if op.startswith("cvt") and ("e4m3" in op or "e5m2" in op)}
+    assert conversions == {f"cvt.rn.satfinite.{fp8}x2.f32"}, ops
+    assert ("div.rn.f32" in ops) == divides, ops
 
 
 # --- tier 2: CUDA ----------------------------------------------------------------------
