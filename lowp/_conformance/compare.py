@@ -113,7 +113,7 @@ def first_difference(label, got, want, x, scheme, role) -> str | None:
     value for the whole tensor), or None (no input shown: a layout of other values).
     """
     got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape or got.dtype.itemsize != want.dtype.itemsize:
+    if got.shape != want.shape or got.dtype != want.dtype:
         return f"{label}: got shape {got.shape} {got.dtype}, want {want.shape} {want.dtype}"
     g, w = _as_uint(got), _as_uint(want)
     differ = g != w

@@ -18,7 +18,19 @@ MAX_RECORDED = 50  # mismatches kept in full per backend; all are counted
 
 
 def check(backend, config: cases.Configuration, x: np.ndarray) -> list[str]:
-    """How `backend` differs from the reference on input `x` of `config` ([]: identical)."""
+    """How `backend` differs from the reference on input `x` of `config` ([]: identical).
+
+    Args:
+      backend: one of `backends.BACKENDS` (or any object with their `run` method).
+      config: the configuration; its scheme, rounding and extras apply.
+      x: the input, shaped config.shape, of dtype config.hp_dtype (a NumPy array).
+
+    >>> import lowp
+    >>> from lowp._conformance import backends, cases
+    >>> config = cases.Configuration(lowp.MXScaling(block=8, mode="rceil"), (2, 16))
+    >>> check(backends.get("numpy"), config, cases.make_input("ties", (2, 16), config.scheme))
+    []
+    """
     ref = _quantize.quantize(x, config.scheme, **config.rounding_kwargs())
     return compare.differences(x, ref, backend.run(config, x, ref))
 
