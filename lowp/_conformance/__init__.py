@@ -10,5 +10,8 @@ frontends' GPU scripts and `lowp conformance`:
 - `compare`: the byte comparison and the description of the first difference;
 - `backends`: numpy, torch_cpu, torch_cuda_eager, torch_cuda_compiled, jax_cpu,
   jax_gpu, each present where it can run (torch and jax are imported lazily);
-- `run`: one case checked, or a plan run on a backend and counted per scheme kind.
+- `run`: one case checked, or a plan run on a backend and counted per scheme kind;
+- `report`: the matrix scheme kind x backend as text and JSON (`lowp conformance`);
+- `gemm`: spec §7, every GEMM path of a backend against the float64 product of the
+  reference's dequantized operands, for every preset and recipe GEMM.
 """
