@@ -39,6 +39,7 @@ _ROWS_ONE_PASS = 16384  # AxisScaling rows up to this long stay in registers: on
 _ROWS_CHUNK = 4096  # longer rows are read twice, in chunks of this many elements
 _TILE_ELEMENTS = 4096  # rows kernel: BLOCK_M * BLOCK_K when rows are short
 _TILE = (16, 256)  # (BLOCK_R, BLOCK_C) of the 2-D kernels, at most
+_AMAX_ROW_TILES = 16  # column maxima: tiles a program stacks per atomic, at most
 _ELEMENTS_PER_THREAD = 16
 
 
@@ -241,8 +242,11 @@ def _axis_2d(x, view, fmt, pow2, rows: bool, cols: bool):
     if programs:
         common = {"ROWS": rows, "COLS": cols, "BLOCK_R": block_r, "BLOCK_C": block_c}
         warps = _warps(block_r * block_c)
-        K.axis_amax_2d_kernel[(programs,)](
-            x, row_amax, col_amax, r, c, tiles_r, tiles_c, num_warps=warps, **common
+        stack = min(_AMAX_ROW_TILES, tiles_r)
+        stack = 1 << (stack.bit_length() - 1)  # a power of two, so the stack is a tile
+        stacks = _grid_2d(view, block_r * stack, block_c)
+        K.axis_amax_2d_kernel[(stacks[0],)](
+            x, row_amax, col_amax, r, c, *stacks[1:], ROW_TILES=stack, num_warps=warps, **common
         )
         K.axis_cast_2d_kernel[(programs,)](
             x,

@@ -55,9 +55,8 @@ def _abs_bits(x):
 
 @triton.jit
 def _load(ptr, offsets, mask):
-    """float32 x (flushed) and its |x| bits; masked lanes read 0 (neutral for a max)."""
-    x = _ftz(tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32))
-    return x, _abs_bits(x)
+    """float32 x, flushed; masked lanes read 0 (neutral for a max of |x| bits)."""
+    return _ftz(tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32))
 
 
 @triton.jit
@@ -150,7 +149,7 @@ def tensor_amax_kernel(x_ptr, amax_ptr, n, TILES: tl.constexpr, BLOCK: tl.conste
     acc = tl.zeros([BLOCK], tl.int32)
     for i in range(TILES):
         offsets = start + i * BLOCK + tl.arange(0, BLOCK)
-        _, absb = _load(x_ptr, offsets, offsets < n)
+        absb = _abs_bits(_load(x_ptr, offsets, offsets < n))
         acc = tl.maximum(acc, absb)
     tl.atomic_max(amax_ptr, tl.max(acc, axis=0))
 
@@ -176,7 +175,7 @@ def tensor_cast_kernel(
     tl.store(scale_ptr, scale, mask=pid == 0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
-    x, _ = _load(x_ptr, offsets, mask)
+    x = _load(x_ptr, offsets, mask)
     codes = _encode(x, m, poisoned, FMT_MAX, EBITS, MBITS, BIAS, NATIVE)
     tl.store(codes_ptr + offsets, codes, mask=mask)
 
@@ -211,7 +210,8 @@ def axis_rows_kernel(
     k = tl.arange(0, BLOCK_K)[None, :]
     if CHUNKS == 1:
         mask = row_mask[:, None] & (k < cols)
-        x, absb = _load(x_ptr, base + k, mask)
+        x = _load(x_ptr, base + k, mask)
+        absb = _abs_bits(x)
         m, scale, poisoned = _float_scale(tl.max(absb, axis=1), FMT_MAX, POW2)
         codes = _encode(x, m[:, None], poisoned[:, None], FMT_MAX, EBITS, MBITS, BIAS, NATIVE)
         tl.store(codes_ptr + base + k, codes, mask=mask)
@@ -219,13 +219,13 @@ def axis_rows_kernel(
         amax = tl.zeros([BLOCK_M], tl.int32)
         for i in range(CHUNKS):
             k0 = i * BLOCK_K
-            _, absb = _load(x_ptr, base + k0 + k, row_mask[:, None] & (k0 + k < cols))
+            absb = _abs_bits(_load(x_ptr, base + k0 + k, row_mask[:, None] & (k0 + k < cols)))
             amax = tl.maximum(amax, tl.max(absb, axis=1))
         m, scale, poisoned = _float_scale(amax, FMT_MAX, POW2)
         for i in range(CHUNKS):
             k0 = i * BLOCK_K
             mask = row_mask[:, None] & (k0 + k < cols)
-            x, _ = _load(x_ptr, base + k0 + k, mask)
+            x = _load(x_ptr, base + k0 + k, mask)
             codes = _encode(x, m[:, None], poisoned[:, None], FMT_MAX, EBITS, MBITS, BIAS, NATIVE)
             tl.store(codes_ptr + base + k0 + k, codes, mask=mask)
     tl.store(scale_ptr + r, scale, mask=row_mask)
@@ -235,15 +235,17 @@ def axis_rows_kernel(
 
 
 @triton.jit
-def _tile(pid, tiles_r, tiles_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """(outer index, tile row, tile column, r, c) of program `pid`, tiles row-major
-    (the host gives an empty R or C one tile, so these are never 0)."""
+def _tile(pid, tiles_r, tiles_c):
+    """(outer index, tile row, tile column) of program `pid`, tiles row-major (the host
+    gives an empty R or C one tile, so tiles_r and tiles_c are never 0)."""
     o = pid // (tiles_r * tiles_c)
-    tr = (pid // tiles_c) % tiles_r
-    tc = pid % tiles_c
-    r = tr.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    c = tc.to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
-    return o.to(tl.int64), tr, tc, r, c
+    return o.to(tl.int64), (pid // tiles_c) % tiles_r, pid % tiles_c
+
+
+@triton.jit
+def _span(tile, BLOCK: tl.constexpr):
+    """The int64 indices of tile number `tile` along one dim."""
+    return tile.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
 
 
 @triton.jit
@@ -259,16 +261,26 @@ def axis_amax_2d_kernel(
     COLS: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    ROW_TILES: tl.constexpr,
 ):
-    """Atomic max of each tile's |x| bits into the row maxima (outer, R) and/or the
-    column maxima (outer, C), both zero-initialised int32."""
-    o, _, _, r, c = _tile(tl.program_id(0), tiles_r, tiles_c, BLOCK_R, BLOCK_C)
-    mask = (r < R)[:, None] & (c < C)[None, :]
-    _, absb = _load(x_ptr, o * R * C + r[:, None] * C + c[None, :], mask)
-    if ROWS:
-        tl.atomic_max(row_amax_ptr + o * R + r, tl.max(absb, axis=1), mask=r < R)
+    """Atomic max of |x| bits into the row maxima (outer, R) and/or the column maxima
+    (outer, C), both zero-initialised int32. A program covers ROW_TILES tiles down
+    the columns and keeps their column maxima in registers: one atomic per column per
+    ROW_TILES * BLOCK_R rows (tiles_r counts such stacks)."""
+    o, tr, tc = _tile(tl.program_id(0), tiles_r, tiles_c)
+    c = _span(tc, BLOCK_C)
+    col_mask = c < C
+    col_max = tl.zeros([BLOCK_C], tl.int32)
+    for i in range(ROW_TILES):
+        r = _span(tr * ROW_TILES + i, BLOCK_R)
+        mask = (r < R)[:, None] & col_mask[None, :]
+        absb = _abs_bits(_load(x_ptr, o * R * C + r[:, None] * C + c[None, :], mask))
+        if ROWS:
+            tl.atomic_max(row_amax_ptr + o * R + r, tl.max(absb, axis=1), mask=r < R)
+        if COLS:
+            col_max = tl.maximum(col_max, tl.max(absb, axis=0))
     if COLS:
-        tl.atomic_max(col_amax_ptr + o * C + c, tl.max(absb, axis=0), mask=c < C)
+        tl.atomic_max(col_amax_ptr + o * C + c, col_max, mask=col_mask)
 
 
 @triton.jit
@@ -297,11 +309,12 @@ def axis_cast_2d_kernel(
 ):
     """One read of a tile, codes scaled by its rows' and/or its columns' maxima; the
     first tile of each row (column) stores that row's (column's) scale."""
-    o, tr, tc, r, c = _tile(tl.program_id(0), tiles_r, tiles_c, BLOCK_R, BLOCK_C)
+    o, tr, tc = _tile(tl.program_id(0), tiles_r, tiles_c)
+    r, c = _span(tr, BLOCK_R), _span(tc, BLOCK_C)
     row_mask, col_mask = r < R, c < C
     mask = row_mask[:, None] & col_mask[None, :]
     offsets = o * R * C + r[:, None] * C + c[None, :]
-    x, _ = _load(x_ptr, offsets, mask)
+    x = _load(x_ptr, offsets, mask)
     if ROWS:
         amax = tl.load(row_amax_ptr + o * R + r, mask=row_mask, other=0)
         m, scale, poisoned = _float_scale(amax, FMT_MAX, POW2)
@@ -345,11 +358,13 @@ def mx_2d_kernel(
     along R (COLS; scales (outer, R/GROUP, C)), from one read of a tile. A tile holds
     whole blocks (BLOCK_C, resp. BLOCK_R, is a multiple of GROUP, and GROUP divides C,
     resp. R), so masked lanes fill whole blocks of their own."""
-    o, tr, tc, r, c = _tile(tl.program_id(0), tiles_r, tiles_c, BLOCK_R, BLOCK_C)
+    o, tr, tc = _tile(tl.program_id(0), tiles_r, tiles_c)
+    r, c = _span(tr, BLOCK_R), _span(tc, BLOCK_C)
     row_mask, col_mask = r < R, c < C
     mask = row_mask[:, None] & col_mask[None, :]
     offsets = o * R * C + r[:, None] * C + c[None, :]
-    x, absb = _load(x_ptr, offsets, mask)
+    x = _load(x_ptr, offsets, mask)
+    absb = _abs_bits(x)
     if ROWS:
         amax = tl.max(tl.reshape(absb, (BLOCK_R, BLOCK_C // GROUP, GROUP)), axis=2)
         mult, s, poisoned = _mx_scale(amax, MODE, EMAX, MAX_MANTISSA)
