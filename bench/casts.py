@@ -23,7 +23,8 @@ is the sum of the two single-orientation rows. Targets (issue 7): tensorwise, ro
 and mxfp8 on the Triton path at >= 0.85 of copy.
 
     python bench/casts.py                              # H200: the table, JSON in bench/results/
-    python bench/casts.py --paths triton --tune        # try tile sizes for the Triton kernels
+    python bench/casts.py --tune                       # tile sizes for the Triton kernels
+                                                       # (--rows to pick; default: the targets)
     TRITON_INTERPRET=1 python bench/casts.py --device cpu --shape 64x256 --iters 1   # smoke run
 """
 
@@ -86,13 +87,32 @@ ROWS = [
     Row("mxfp8_both", lowp.MXScaling(E4M3, mode="rceil"), both=True),
 ]
 TARGETS = {"tensorwise": 0.85, "rowwise": 0.85, "mxfp8": 0.85}
-# --tune: tile settings tried for the Triton kernels (module constants of _triton_casts).
+# --tune: the tile settings (module constants of lowp_torch._triton_casts) tried for
+# each row; every combination of one row's settings is timed.
+_TILES_2D = ((16, 256), (32, 256), (32, 128), (64, 128), (8, 512), (16, 512))
+_PER_THREAD = (8, 16, 32)
 TUNE_GRID = {
-    "_ELEMENTS_PER_THREAD": (8, 16, 32),
-    "_TILE": ((16, 256), (32, 256), (32, 128), (64, 128), (8, 512)),
-    "_FLAT_BLOCK": (2048, 4096, 8192),
-    "_TILE_ELEMENTS": (2048, 4096, 8192),
+    "tensorwise": {
+        "_FLAT_BLOCK": (2048, 4096, 8192),
+        "_ELEMENTS_PER_THREAD": _PER_THREAD,
+        "_AMAX_PROGRAMS": (1024, 4096),
+    },
+    "rowwise": {
+        "_ROWS_ONE_PASS": (4096, 8192, 16384),
+        "_ROWS_CHUNK": (2048, 4096, 8192),
+        "_ELEMENTS_PER_THREAD": _PER_THREAD,
+    },
+    "rowwise_axis0": {
+        "_TILE": _TILES_2D,
+        "_ELEMENTS_PER_THREAD": _PER_THREAD,
+        "_AMAX_ROW_TILES": (4, 16, 64),
+    },
+    "mxfp8": {"_TILE": _TILES_2D, "_ELEMENTS_PER_THREAD": _PER_THREAD},
 }
+TUNE_GRID["rowwise_pow2"] = TUNE_GRID["rowwise"]
+TUNE_GRID["tensorwise_e5m2"] = TUNE_GRID["tensorwise"]
+TUNE_GRID["rowwise_both"] = TUNE_GRID["rowwise_axis0"]
+TUNE_GRID["mxfp8_axis0"] = TUNE_GRID["mxfp8_both"] = TUNE_GRID["mxfp8"]
 
 
 def _sync(device):
@@ -233,24 +253,24 @@ def run(args) -> dict:
 
 
 def tune(args) -> dict:
-    """Every combination of TUNE_GRID on the Triton path; the best per scheme."""
+    """Every combination of each row's TUNE_GRID on the Triton path; the best per row."""
     from lowp_torch import _triton_casts
 
     device = torch.device(args.device)
     shape = tuple(int(d) for d in args.shape.split("x"))
     x = torch.randn(shape, device=device, dtype=torch.float32).to(getattr(torch, args.dtype))
-    names = args.rows.split(",") if args.rows else [r.name for r in ROWS]
-    keys = list(TUNE_GRID)
+    names = args.rows.split(",") if args.rows else list(TARGETS)
     best = {}
-    for values in itertools.product(*(TUNE_GRID[k] for k in keys)):
-        setting = dict(zip(keys, values, strict=True))
-        with unittest.mock.patch.multiple(_triton_casts, **setting):
-            for row in (r for r in ROWS if r.name in names):
+    for row in (r for r in ROWS if r.name in names):
+        grid = TUNE_GRID[row.name]
+        for values in itertools.product(*grid.values()):
+            setting = dict(zip(grid, values, strict=True))
+            with unittest.mock.patch.multiple(_triton_casts, **setting):
                 fn = _callables(row, x, ["triton"])["triton"]
                 ms = time_ms(fn, device, args.iters, repeats=3)
-                print(f"{row.name:>16} {setting}: {ms:.4f} ms", flush=True)
-                if row.name not in best or ms < best[row.name]["ms"]:
-                    best[row.name] = {"ms": round(ms, 4), "setting": repr(setting)}
+            print(f"{row.name:>16} {setting}: {ms:.4f} ms", flush=True)
+            if row.name not in best or ms < best[row.name]["ms"]:
+                best[row.name] = {"ms": round(ms, 4), "setting": setting}
     for name, b in best.items():
         print(f"best {name:>16}: {b['ms']:.4f} ms with {b['setting']}")
     return {"tune": best}
