@@ -381,19 +381,26 @@ def test_gpu_kernels_match_lowp(case):
     assert not failures, "\n".join(failures[:20])
 
 
-# Shapes with the real tiles: 1M elements; the (16, 65536) rows are longer than one pass.
+# Shapes with the real tiles, 1M elements: every input dtype at (1024, 1024); bfloat16
+# at (16, 65536), rows longer than one pass, and at rank 3.
 GPU_RANDOM = [
-    (scheme, shape)
+    (scheme, shape, hp_dtype)
     for scheme in _schemes()
-    for shape in ((1024, 1024), (16, 65536), (64, 128, 128))
+    for shape, hp_dtypes in (
+        ((1024, 1024), ("float32", "bfloat16", "float16")),
+        ((16, 65536), ("bfloat16",)),
+        ((64, 128, 128), ("bfloat16",)),
+    )
+    for hp_dtype in hp_dtypes
     if not (getattr(scheme, "axis", -1) == 1 and len(shape) == 2)
 ]
 
 
 @ON_GPU
-@pytest.mark.parametrize("hp_dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize(
-    "scheme, shape", GPU_RANDOM, ids=[f"{cases.scheme_id(s)}-{sh}" for s, sh in GPU_RANDOM]
+    "scheme, shape, hp_dtype",
+    GPU_RANDOM,
+    ids=[f"{cases.scheme_id(s)}-{sh}-{d}" for s, sh, d in GPU_RANDOM],
 )
 def test_gpu_kernels_match_lowp_and_torch_on_1m_random_values(scheme, shape, hp_dtype):
     """Random magnitudes 1e-30 .. 1e30 (per element and per 16-run, so group maxima and
@@ -426,6 +433,16 @@ def test_gpu_both_orientations_match_lowp_on_1m_random_values(scheme):
     problems = _differences(x, _reference(x, scheme), rows)
     problems += _differences(x, _reference(x, dataclasses.replace(scheme, axis=-2)), cols)
     assert not problems, "\n".join(problems)
+
+
+@ON_GPU
+def test_eager_cuda_quantize_runs_the_triton_kernels_and_says_so(caplog):
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    with caplog.at_level("DEBUG", logger="lowp_torch"):
+        lowp_torch.quantize(x, lowp.MXScaling(mode="rceil"), name="x")
+        lowp_torch.quantize(x, lowp.NVFP4Scaling(), name="y")
+    assert "x: quantize with MXScaling" in caplog.text and "on the Triton kernels" in caplog.text
+    assert "y: quantize on torch ops: no Triton kernel for NVFP4Scaling" in caplog.text
 
 
 # --- tier 3: dispatch -------------------------------------------------------------------
