@@ -1,5 +1,11 @@
-"""The `lowp` command line: `lowp formats`, `lowp inspect` and `lowp conformance`
-(printing only; the numbers come from `lowp._inspect` and `lowp._conformance`).
+"""The `lowp` command line: `lowp demo`, `lowp formats`, `lowp inspect` and
+`lowp conformance` (printing only; the numbers come from `lowp._demo`, `lowp._inspect`
+and `lowp._conformance`).
+
+`lowp demo` is the project's main job: all-MiniLM-L6-v2 quantized with the float8,
+mxfp8 and nvfp4 presets in PyTorch and in JAX, the weights shown byte-identical across
+the two frameworks, each preset's embedding fidelity, a torch -> file -> JAX checkpoint
+round trip, and a one-page PNG (see `lowp._demo`).
 
 `lowp conformance [--backend NAME,...] [--size quick|full] [--json]` runs the
 conformance cases (every scheme x element format x rank 1-4 x spec §6 edge case, with
@@ -30,7 +36,7 @@ import time
 
 import numpy as np
 
-from lowp import _formats, _inspect, _interchange, _recipes, _schemes
+from lowp import _demo, _formats, _inspect, _interchange, _recipes, _schemes
 from lowp._conformance import backends as _conformance_backends
 from lowp._conformance import report as _conformance_report
 from lowp._conformance import run as _conformance_run
@@ -68,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "demo":
+            return _demo.run(args)
         if args.command == "formats":
             print(formats_table())
             return 0
@@ -88,9 +96,17 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lowp",
-        description="Low-precision numerics (float8, MX, NVFP4): formats, checkpoint inspection.",
+        description="Low-precision numerics (float8, MX, NVFP4): the demo, formats, checkpoint "
+        "inspection, cross-backend conformance.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _demo.add_arguments(
+        sub.add_parser(
+            "demo",
+            help="MiniLM quantized in PyTorch and JAX: identical bytes, fidelity, a checkpoint round trip",
+            description=_demo.__doc__.split("\n\n")[0],
+        )
+    )
     sub.add_parser("formats", help="print the element and scale formats and their constants")
     presets = ", ".join(_recipes.InferenceConfig.names())
     inspect = sub.add_parser(
