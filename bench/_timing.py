@@ -1,0 +1,116 @@
+"""How every bench section times a call, and the time budget they share.
+
+One timer for PyTorch and one for JAX, the same rule in both: warm up (compilation
+and first-call costs stay out, but their time is returned), pick an iteration count
+that makes one repeat last about `target_s`, and take the median over `repeats` of
+the mean time of those iterations, with the device synchronised around each repeat.
+Synchronising per repeat rather than per call keeps the host's launch overhead in
+the number only where the device would otherwise be idle, as in a training loop.
+"""
+
+import dataclasses
+import math
+import statistics
+import time
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """How long to time each measurement.
+
+    Attributes:
+      warmup: calls before timing; the first compiles where anything does.
+      repeats: timed repeats; the median is reported.
+      target_s: wall time one repeat aims at; iterations per repeat follow from it.
+      max_iters: a cap on iterations per repeat (tiny CPU shapes would take thousands).
+      iters: iterations per repeat, fixed; 0 derives them from target_s.
+    """
+
+    warmup: int = 3
+    repeats: int = 5
+    target_s: float = 0.05
+    max_iters: int = 200
+    iters: int = 0
+
+    def __post_init__(self):
+        if (
+            min(self.warmup, self.repeats, self.max_iters) < 1
+            or self.target_s < 0
+            or self.iters < 0
+        ):
+            raise ValueError(f"Timing needs warmup, repeats, max_iters >= 1, target_s >= 0: {self}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """ms: median milliseconds per call; warmup_s: the warm-up calls' seconds (compile
+    time, for a compiled callable); iters: calls per timed repeat."""
+
+    ms: float
+    warmup_s: float
+    iters: int
+
+
+def time_calls(fn, sync, timing: Timing) -> Measured:
+    """Time `fn()`, with `sync()` waiting for the device's queued work."""
+    start = time.perf_counter()
+    for _ in range(timing.warmup):
+        fn()
+    sync()
+    warmup_s = time.perf_counter() - start
+    iters = timing.iters or _iters_for_target(fn, sync, timing)
+    samples = []
+    for _ in range(timing.repeats):
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        sync()
+        samples.append((time.perf_counter() - start) * 1e3 / iters)
+    return Measured(statistics.median(samples), warmup_s, iters)
+
+
+def _iters_for_target(fn, sync, timing: Timing) -> int:
+    start = time.perf_counter()
+    fn()
+    sync()
+    one = max(time.perf_counter() - start, 1e-6)
+    return max(1, min(timing.max_iters, math.ceil(timing.target_s / one)))
+
+
+def torch_sync(device):
+    """The `sync` for `time_calls` on a torch device."""
+    import torch
+
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def time_jax(fn, args, timing: Timing) -> Measured:
+    """Time `fn(*args)`, blocking on its outputs (JAX dispatches asynchronously)."""
+    import jax
+
+    last = []
+
+    def call():
+        last[:] = [fn(*args)]
+
+    return time_calls(call, lambda: jax.block_until_ready(last), timing)
+
+
+class Budget:
+    """Wall-clock seconds left for the whole run; None means no limit.
+
+    A section asks `fits(estimate)` before each item and skips it (recording why)
+    once the time left is under the estimate, so a run cut to fit a fixed-length
+    GPU call still ends cleanly and writes what it has.
+    """
+
+    def __init__(self, seconds: float | None):
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+
+    def left(self) -> float:
+        return math.inf if self.deadline is None else self.deadline - time.monotonic()
+
+    def fits(self, estimate_s: float) -> bool:
+        return self.left() >= estimate_s
