@@ -6,7 +6,8 @@ The forward includes quantizing the activation (dynamic scaling), as a model's w
 Prints milliseconds, TFLOP/s (2MKN / time), the speed ratio to bf16 and the GEMM kernel
 that ran (read from lowp_torch's debug log on one eager call: under torch.compile the
 same static choice is made and nothing is logged); writes the table as JSON to
-bench/results/.
+bench/results/. `bench/run.py` runs the same measurements as its "gemm" section
+(`items`).
 
     python bench/torch_linear.py                      # H200: 8192^3 and M=16 decode, compiled
     python bench/torch_linear.py --modes eager,compile --presets float8_rowwise,mxfp8
@@ -16,12 +17,8 @@ bench/results/.
 import argparse
 import datetime
 import json
-import logging
 import pathlib
-import re
-import statistics
 import sys
-import time
 
 import torch
 
@@ -29,118 +26,70 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import lowp
 import lowp_torch
+from bench import _timing, _torch_log
 
 SHAPES = {"large": (8192, 8192, 8192), "decode": (16, 8192, 8192)}
 SMALL_SHAPES = {"large": (256, 256, 256), "decode": (16, 256, 256)}
 RESULTS = pathlib.Path(__file__).parent / "results"
 
 
-class _KernelLog(logging.Handler):
-    """Collects the kernel lowp_torch's scaled_matmul chose ("kernel='scaled_mm'")."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.kernels = []
-
-    def emit(self, record):
-        found = re.search(r"kernel='(\w+)'", record.getMessage())
-        if found:
-            self.kernels.append(found.group(1))
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def time_ms(fn, x, device, iters: int, repeats: int = 5) -> float:
-    """Median over `repeats` of the mean time of `iters` calls, in milliseconds."""
-    for _ in range(3):
-        fn(x)
-    samples = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        for _ in range(iters):
-            fn(x)
-        _sync(device)
-        samples.append((time.perf_counter() - start) * 1e3 / iters)
-    return statistics.median(samples)
-
-
-def kernel_used(layer, x) -> str:
-    """One eager forward with lowp_torch's debug log captured: the kernel it names."""
-    logger = logging.getLogger("lowp_torch")
-    handler, level = _KernelLog(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    try:
-        layer(x)
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-    weight = layer.weight
-    if weight.linear.activation is None:
-        return "bf16 matmul (weight-only: dequantized weight)"
-    return handler.kernels[-1] if handler.kernels else "?"
-
-
-def run(args, out: pathlib.Path) -> dict:
-    device = torch.device(args.device)
-    shapes = SMALL_SHAPES if args.small else SHAPES
-    presets = args.presets.split(",") if args.presets else list(lowp.InferenceConfig.names())
-    modes = args.modes.split(",")
-    iters = args.iters or (3 if args.small else 20)
-    rows = []
-    for shape_name in args.shapes.split(","):
-        m, k, n = shapes[shape_name]
+def items(shapes: dict, presets, modes, device, timing, *, kernel, fast_accum, backend):
+    """The measurements, in order, as (label, measure) pairs; `measure()` returns a
+    one-row list. A shape's bf16 row comes first in each mode, and the presets' rows
+    after it carry their speed ratio to it."""
+    for shape_name, (m, k, n) in shapes.items():
         torch.manual_seed(0)
         x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-        base = torch.nn.Linear(k, n, bias=False, device=device, dtype=torch.bfloat16).eval()
+        weight = torch.randn(n, k, device=device, dtype=torch.bfloat16) * k**-0.5
         for mode in modes:
-            torch._dynamo.reset()  # each layer gets its own graphs, not the shared recompile limit
-            with torch.no_grad():
-                fn = torch.compile(base) if mode == "compile" else base
-                bf16_ms = time_ms(fn, x, device, iters)
-            rows.append(_row(shape_name, (m, k, n), "bf16", mode, bf16_ms, bf16_ms, "bf16 matmul"))
+            bf16_ms = {}
+
+            def bf16(mode=mode, bf16_ms=bf16_ms, shape=(shape_name, m, k, n), x=x, w=weight):
+                row = _measure(_linear(w), mode, shape, "bf16", x, timing, backend, None)
+                bf16_ms["ms"] = row["ms"]
+                return [row]
+
+            yield f"{shape_name} {mode} bf16", bf16
             for preset in presets:
-                layer = torch.nn.Linear(
-                    k, n, bias=False, device=device, dtype=torch.bfloat16
-                ).eval()
-                layer.weight.data.copy_(base.weight.data)
-                lowp_torch.quantize_(
-                    layer, preset, kernel=args.kernel, fast_accum=not args.exact_accum
-                )
-                torch._dynamo.reset()
-                with torch.no_grad():
-                    kernel = kernel_used(layer, x)
-                    fn = torch.compile(layer) if mode == "compile" else layer
-                    ms = time_ms(fn, x, device, iters)
-                rows.append(_row(shape_name, (m, k, n), preset, mode, ms, bf16_ms, kernel))
-                print(_format(rows[-1]), flush=True)
-                out.write_text(
-                    json.dumps(_summary(args, device, rows), indent=1)
-                )  # a cut run keeps its rows
-                del layer, fn
-    return _summary(args, device, rows)
+
+                def quantized(
+                    preset=preset,
+                    mode=mode,
+                    bf16_ms=bf16_ms,
+                    shape=(shape_name, m, k, n),
+                    x=x,
+                    w=weight,
+                ):
+                    layer = _linear(w)
+                    lowp_torch.quantize_(layer, preset, kernel=kernel, fast_accum=fast_accum)
+                    return [_measure(layer, mode, shape, preset, x, timing, backend, bf16_ms)]
+
+                yield f"{shape_name} {mode} {preset}", quantized
 
 
-def _summary(args, device, rows) -> dict:
-    return {
-        "torch": torch.__version__,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "capability": list(torch.cuda.get_device_capability(device))
-        if device.type == "cuda"
-        else None,
-        "fast_accum": not args.exact_accum,
-        "kernel_option": args.kernel,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "rows": rows,
-    }
+def _linear(weight):
+    n, k = weight.shape
+    layer = torch.nn.Linear(k, n, bias=False, device=weight.device, dtype=weight.dtype).eval()
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+    return layer
 
 
-def _row(shape_name, mkn, preset, mode, ms, bf16_ms, kernel) -> dict:
-    m, k, n = mkn
+def _measure(layer, mode, shape, preset, x, timing, backend, bf16_ms) -> dict:
+    shape_name, m, k, n = shape
+    torch._dynamo.reset()  # each layer gets its own graphs, not the shared recompile limit
+    with torch.no_grad():
+        if preset == "bf16":
+            kernel = "bf16 matmul"
+        elif layer.weight.linear.activation is None:
+            kernel = "bf16 matmul (weight-only: dequantized weight)"
+        else:
+            gemms = _torch_log.lowp_decisions(lambda: layer(x))["gemms"]
+            kernel = gemms[-1] if gemms else "?"
+        fn = torch.compile(layer, backend=backend) if mode == "compile" else layer
+        result = _timing.time_calls(lambda: fn(x), _timing.torch_sync(x.device), timing)
+    ms = result.ms
+    reference = bf16_ms["ms"] if bf16_ms else ms
     return {
         "shape": shape_name,
         "M": m,
@@ -150,15 +99,29 @@ def _row(shape_name, mkn, preset, mode, ms, bf16_ms, kernel) -> dict:
         "mode": mode,
         "ms": round(ms, 4),
         "tflops": round(2 * m * k * n / (ms * 1e-3) / 1e12, 2),
-        "speedup_vs_bf16": round(bf16_ms / ms, 3),
+        "speedup_vs_bf16": round(reference / ms, 3) if reference else None,
         "kernel": kernel,
     }
 
 
-def _format(row) -> str:
+def describe(device, fast_accum: bool, kernel: str) -> dict:
+    return {
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "capability": list(torch.cuda.get_device_capability(device))
+        if device.type == "cuda"
+        else None,
+        "fast_accum": fast_accum,
+        "kernel_option": kernel,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def format_row(row) -> str:
+    ratio = "" if row["speedup_vs_bf16"] is None else f"x{row['speedup_vs_bf16']:.3f} vs bf16"
     return (
         f"{row['shape']:>6} {row['M']}x{row['K']}x{row['N']} {row['mode']:>7} {row['preset']:>18}: "
-        f"{row['ms']:9.4f} ms {row['tflops']:8.2f} TFLOP/s  x{row['speedup_vs_bf16']:.3f} vs bf16  [{row['kernel']}]"
+        f"{row['ms']:9.4f} ms {row['tflops']:8.2f} TFLOP/s  {ratio}  [{row['kernel']}]"
     )
 
 
@@ -175,20 +138,32 @@ def main(argv=None):
         "--kernel", default="auto", choices=["auto", "scaled_mm", "fbgemm", "emulated"]
     )
     parser.add_argument("--exact-accum", action="store_true", help="no fp8 fast accumulation")
-    parser.add_argument("--iters", type=int, default=0)
+    parser.add_argument("--iters", type=int, default=0, help="calls per timed repeat")
     parser.add_argument("--out", default="", help="JSON path (default: bench/results/...)")
     args = parser.parse_args(argv)
+    device = torch.device(args.device)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    device_kind = args.device.split(":")[0]
-    out = (
-        pathlib.Path(args.out) if args.out else RESULTS / f"torch_linear_{device_kind}_{stamp}.json"
-    )
+    out = pathlib.Path(args.out or RESULTS / f"torch_linear_{device.type}_{stamp}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    result = run(args, out)
-    for row in result["rows"]:
-        if row["preset"] == "bf16":
-            print(_format(row))
-    out.write_text(json.dumps(result, indent=1))
+    shapes = SMALL_SHAPES if args.small else SHAPES
+    iters = args.iters or (3 if args.small else 20)
+    timing = _timing.Timing(repeats=5, iters=iters)
+    result = describe(device, not args.exact_accum, args.kernel) | {"rows": []}
+    plan = items(
+        {name: shapes[name] for name in args.shapes.split(",")},
+        args.presets.split(",") if args.presets else list(lowp.InferenceConfig.names()),
+        args.modes.split(","),
+        device,
+        timing,
+        kernel=args.kernel,
+        fast_accum=not args.exact_accum,
+        backend="inductor",
+    )
+    for _, measure in plan:
+        for row in measure():
+            result["rows"].append(row)
+            print(format_row(row), flush=True)
+            out.write_text(json.dumps(result, indent=1))  # a cut run keeps its rows
     print(f"wrote {out}")
     return result
 
