@@ -61,22 +61,19 @@ def quantize(t: torch.Tensor, scheme) -> _qtensor.QuantizedTensor:
 def _launch(x, shape, scheme, fmt):
     """(uint8 codes, flat scales) of `quantize`, one branch per scheme."""
     if isinstance(scheme, _schemes.TensorScaling):
-        codes, scale = _tensor(x, fmt, scheme.pow2)
-    elif isinstance(scheme, _schemes.AxisScaling):
-        outer, r, c = _grouped_view(shape, scheme.axis)
-        if c == 1:  # groups are contiguous runs of r elements: rows
-            codes, scale = _axis_rows(x, outer, r, fmt, scheme.pow2)
-        else:
-            codes, scale = _axis_2d(x, (outer, r, c), fmt, scheme.pow2, rows=False, cols=True)[1]
-    elif isinstance(scheme, _schemes.MXScaling):
-        outer, r, c = _grouped_view(shape, scheme.axis)
+        return _tensor(x, fmt, scheme.pow2)
+    outer, r, c = _grouped_view(shape, scheme.axis)
+    # c == 1: each group is a contiguous run of r elements, a row (the grouped axis is
+    # the last, or only size-1 dims follow it); else groups run down columns of c.
+    if isinstance(scheme, _schemes.AxisScaling):
         if c == 1:
-            codes, scale = _mx_2d(x, (1, outer, r), scheme, fmt, rows=True, cols=False)[0]
-        else:
-            codes, scale = _mx_2d(x, (outer, r, c), scheme, fmt, rows=False, cols=True)[1]
-    else:
-        raise TypeError(f"no Triton cast for {scheme!r}")
-    return codes, scale
+            return _axis_rows(x, outer, r, fmt, scheme.pow2)
+        return _axis_2d(x, (outer, r, c), fmt, scheme.pow2, rows=False, cols=True)[1]
+    if isinstance(scheme, _schemes.MXScaling):
+        if c == 1:
+            return _mx_2d(x, (1, outer, r), scheme, fmt, rows=True, cols=False)[0]
+        return _mx_2d(x, (outer, r, c), scheme, fmt, rows=False, cols=True)[1]
+    raise TypeError(f"no Triton cast for {scheme!r}")
 
 
 def quantize_both(t: torch.Tensor, scheme):

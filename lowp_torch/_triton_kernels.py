@@ -355,53 +355,43 @@ def mx_2d_kernel(
     BLOCK_C: tl.constexpr,
 ):
     """MX blocks of GROUP elements along C (ROWS; scales (outer, R, C/GROUP)) and/or
-    along R (COLS; scales (outer, R/GROUP, C)), from one read of a tile. A tile holds
-    whole blocks (BLOCK_C, resp. BLOCK_R, is a multiple of GROUP, and GROUP divides C,
-    resp. R), so masked lanes fill whole blocks of their own."""
+    along R (COLS; scales (outer, R/GROUP, C)), from one read of a tile.
+
+    The tile is held as 4-D, (BLOCK_R / GR, GR, BLOCK_C / GC, GC) with GC = GROUP for
+    row blocks and GR = GROUP for column blocks (else 1): each block is then a slice
+    of one axis, its max a reduction over that axis and its scale a broadcast back,
+    with no reshape (which could move data between threads). A tile holds whole
+    blocks (the host makes BLOCK_C, resp. BLOCK_R, a multiple of GROUP, which divides
+    C, resp. R), so masked lanes fill whole blocks of their own."""
+    GR: tl.constexpr = GROUP if COLS else 1
+    GC: tl.constexpr = GROUP if ROWS else 1
     o, tr, tc = _tile(tl.program_id(0), tiles_r, tiles_c)
-    r, c = _span(tr, BLOCK_R), _span(tc, BLOCK_C)
-    row_mask, col_mask = r < R, c < C
-    mask = row_mask[:, None] & col_mask[None, :]
-    offsets = o * R * C + r[:, None] * C + c[None, :]
+    # Row and column index of every element, as 4-D broadcastable pieces.
+    r_block = (tr.to(tl.int64) * (BLOCK_R // GR) + tl.arange(0, BLOCK_R // GR))[:, None, None, None]
+    r = r_block * GR + tl.arange(0, GR)[None, :, None, None]
+    c_block = (tc.to(tl.int64) * (BLOCK_C // GC) + tl.arange(0, BLOCK_C // GC))[None, None, :, None]
+    c = c_block * GC + tl.arange(0, GC)[None, None, None, :]
+    mask = (r < R) & (c < C)
+    offsets = o * R * C + r * C + c
     x = _load(x_ptr, offsets, mask)
     absb = _abs_bits(x)
+    shape: tl.constexpr = (BLOCK_R // GR, GR, BLOCK_C // GC, GC)
     if ROWS:
-        amax = tl.max(tl.reshape(absb, (BLOCK_R, BLOCK_C // GROUP, GROUP)), axis=2)
-        mult, s, poisoned = _mx_scale(amax, MODE, EMAX, MAX_MANTISSA)
-        mult = tl.reshape(
-            tl.broadcast_to(mult[:, :, None], (BLOCK_R, BLOCK_C // GROUP, GROUP)),
-            (BLOCK_R, BLOCK_C),
+        mult, s, poisoned = _mx_scale(tl.max(absb, axis=3), MODE, EMAX, MAX_MANTISSA)
+        codes = _encode(
+            x, mult[:, :, :, None], poisoned[:, :, :, None], FMT_MAX, EBITS, MBITS, BIAS, NATIVE
         )
-        poisoned = tl.reshape(
-            tl.broadcast_to(poisoned[:, :, None], (BLOCK_R, BLOCK_C // GROUP, GROUP)),
-            (BLOCK_R, BLOCK_C),
-        )
-        codes = _encode(x, mult, poisoned, FMT_MAX, EBITS, MBITS, BIAS, NATIVE)
         tl.store(row_codes_ptr + offsets, codes, mask=mask)
-        j = tc.to(tl.int64) * (BLOCK_C // GROUP) + tl.arange(0, BLOCK_C // GROUP)
-        scale_offsets = o * R * (C // GROUP) + r[:, None] * (C // GROUP) + j[None, :]
-        tl.store(
-            row_scale_ptr + scale_offsets,
-            s.to(tl.uint8),
-            mask=row_mask[:, None] & (j < C // GROUP)[None, :],
-        )
+        # One scale per (row, block): the first element of each block stores it.
+        first = (tl.arange(0, GC) == 0)[None, None, None, :]
+        scale_offsets = tl.broadcast_to(o * R * (C // GC) + r * (C // GC) + c_block, shape)
+        tl.store(row_scale_ptr + scale_offsets, s[:, :, :, None].to(tl.uint8), mask=mask & first)
     if COLS:
-        amax = tl.max(tl.reshape(absb, (BLOCK_R // GROUP, GROUP, BLOCK_C)), axis=1)
-        mult, s, poisoned = _mx_scale(amax, MODE, EMAX, MAX_MANTISSA)
-        mult = tl.reshape(
-            tl.broadcast_to(mult[:, None, :], (BLOCK_R // GROUP, GROUP, BLOCK_C)),
-            (BLOCK_R, BLOCK_C),
+        mult, s, poisoned = _mx_scale(tl.max(absb, axis=1), MODE, EMAX, MAX_MANTISSA)
+        codes = _encode(
+            x, mult[:, None, :, :], poisoned[:, None, :, :], FMT_MAX, EBITS, MBITS, BIAS, NATIVE
         )
-        poisoned = tl.reshape(
-            tl.broadcast_to(poisoned[:, None, :], (BLOCK_R // GROUP, GROUP, BLOCK_C)),
-            (BLOCK_R, BLOCK_C),
-        )
-        codes = _encode(x, mult, poisoned, FMT_MAX, EBITS, MBITS, BIAS, NATIVE)
         tl.store(col_codes_ptr + offsets, codes, mask=mask)
-        i = tr.to(tl.int64) * (BLOCK_R // GROUP) + tl.arange(0, BLOCK_R // GROUP)
-        scale_offsets = o * (R // GROUP) * C + i[:, None] * C + c[None, :]
-        tl.store(
-            col_scale_ptr + scale_offsets,
-            s.to(tl.uint8),
-            mask=(i < R // GROUP)[:, None] & col_mask[None, :],
-        )
+        first = (tl.arange(0, GR) == 0)[None, :, None, None]
+        scale_offsets = tl.broadcast_to(o * (R // GR) * C + r_block * C + c, shape)
+        tl.store(col_scale_ptr + scale_offsets, s[:, None, :, :].to(tl.uint8), mask=mask & first)
