@@ -1,0 +1,139 @@
+"""The tiny LM in PyTorch: bf16 autocast, or a lowp recipe on the block projections.
+
+    python examples/train_tiny_lm/train_torch.py [--runs bf16,mxfp8] [--size tiny]
+        [--steps N] [--device gpu] [--json OUT]
+
+`run.py` trains both frameworks and draws the comparison; this script trains PyTorch
+alone and prints its losses. The model, data and precision are described in
+`tinylm.py`.
+"""
+
+import math
+
+import numpy as np
+import tinylm
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import lowp_torch
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: tinylm.Config):
+        super().__init__()
+        self.heads = cfg.heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        # Scores and softmax in float32 (autocast gives the matmul bf16), as train_jax does.
+        scores = (q @ k.transpose(-1, -2)).float() * (d // self.heads) ** -0.5
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        probs = scores.masked_fill(~causal, -math.inf).softmax(-1)
+        out = (probs @ v).transpose(1, 2).reshape(b, t, d)
+        return self.proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: tinylm.Config):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=False)
+        self.fc2 = nn.Linear(4 * cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x).float()))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: tinylm.Config):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        self.attn, self.mlp = Attention(cfg), MLP(cfg)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyLM(nn.Module):
+    """The pre-LN byte-level decoder of `tinylm`; tokens (B, T) int -> logits (B, T, 256)."""
+
+    def __init__(self, cfg: tinylm.Config):
+        super().__init__()
+        self.tok_emb = nn.Embedding(tinylm.VOCAB, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, tinylm.VOCAB, bias=False)
+
+    def forward(self, tokens):
+        x = self.tok_emb(tokens) + self.pos_emb.weight[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def build_model(cfg: tinylm.Config, run: str, params: dict, device="cpu") -> TinyLM:
+    """The model with `params` loaded; for a recipe, its block projections converted
+    by `lowp_torch.convert_to_training` (the LM head is left bf16)."""
+    model = TinyLM(cfg)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in params.items()})
+    if run != "bf16":
+        lowp_torch.convert_to_training(model, run, filter_fn=lambda module, name: name != "head")
+    return model.to(device)
+
+
+class Trainer:
+    """One run's model and AdamW state; the interface `tinylm.train` drives.
+
+    device: "cpu", "gpu" (CUDA) or any torch device.
+    """
+
+    def __init__(self, cfg: tinylm.Config, run: str, params: dict, device="cpu"):
+        self.cfg, self.device = cfg, torch.device("cuda" if device == "gpu" else device)
+        self.model = build_model(cfg, run, params, self.device)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
+        )
+        self.lrs = tinylm.learning_rates(cfg)
+
+    def _loss(self, tokens: np.ndarray) -> torch.Tensor:
+        tokens = torch.from_numpy(tokens).to(self.device, torch.long)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            logits = self.model(tokens[:, :-1])
+        return F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+
+    def step(self, step: int, tokens: np.ndarray) -> float:
+        for group in self.optimizer.param_groups:
+            group["lr"] = float(self.lrs[step])
+        loss = self._loss(tokens)
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    @torch.no_grad()
+    def eval_loss(self, tokens: np.ndarray) -> float:
+        return self._loss(tokens).item()
+
+    def save(self, path) -> None:
+        torch.save(
+            {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, path
+        )
+
+    def load(self, path) -> None:
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def params(self) -> dict[str, np.ndarray]:
+        """Copies: on the CPU, .numpy() would share memory the optimizer updates in place."""
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
+
+
+if __name__ == "__main__":
+    raise SystemExit(tinylm.cli("torch", Trainer, __doc__.splitlines()[0]))
