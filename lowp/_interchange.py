@@ -89,7 +89,10 @@ def save(path: str | os.PathLike, tensors: Mapping[str, "_qtensor.QTensor | np.n
     (['b', 'w'], MXScaling(fmt='float8_e4m3fn', block=32, mode='floor', axis=-1))
     """
     arrays, entries = _flatten(tensors)
-    lowp_json = json.dumps({"lowp_format": LOWP_FORMAT, "tensors": entries}, separators=(",", ":"))
+    # Sorted keys: the same tensors make the same file, whichever framework wrote them.
+    lowp_json = json.dumps(
+        {"lowp_format": LOWP_FORMAT, "tensors": entries}, separators=(",", ":"), sort_keys=True
+    )
     _write_safetensors(path, arrays, {METADATA_KEY: lowp_json})
 
 

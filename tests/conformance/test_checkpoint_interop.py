@@ -268,6 +268,12 @@ def test_jax_file_loads_into_the_torch_model_bit_for_bit(quantized, torch_base, 
         )
 
 
+def test_the_two_frameworks_write_the_same_file(quantized):
+    """Same tensors, same bytes on disk: the metadata is written with sorted keys, so a
+    checkpoint's hash does not depend on which framework saved it."""
+    assert quantized.torch_file.read_bytes() == quantized.jax_file.read_bytes()
+
+
 def test_either_file_loads_in_plain_numpy(quantized):
     preset = quantized.preset
     from_torch, from_jax = lowp.load(quantized.torch_file), lowp.load(quantized.jax_file)
