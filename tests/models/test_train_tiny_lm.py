@@ -1,0 +1,101 @@
+"""examples/train_tiny_lm, in miniature: a few steps of the byte-level LM in PyTorch and
+JAX with one recipe.
+
+Checks what the full run (`python examples/train_tiny_lm/run.py`) relies on: both
+frameworks start from the same weights and follow the same loss trajectory, both
+train (the loss falls), and a run resumed from a checkpoint repeats the uninterrupted
+one bit for bit, losses and weights, in each framework.
+"""
+
+import dataclasses
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+for _name in ("jax", "flax", "optax"):
+    pytest.importorskip(_name)
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_tiny_lm"))
+import tinylm
+import train_jax
+import train_torch
+
+# Every projection dim a multiple of 32 (the MX block), as the full sizes.
+CFG = tinylm.Config(
+    d_model=64,
+    layers=2,
+    heads=2,
+    seq_len=32,
+    batch=4,
+    steps=8,
+    warmup=2,
+    lr=3e-3,
+    eval_every=8,
+    eval_batches=1,
+)
+RECIPE = "mxfp8"  # every GEMM quantized, along the tokens too
+TRAINERS = {"torch": train_torch.Trainer, "jax": train_jax.Trainer}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """torch on one thread for this module: on a busy 2-core machine its default two
+    OpenMP threads ran these small matmuls and quantizations several times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return tinylm.Corpus.load()
+
+
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory):
+    """Both frameworks' runs, each checked for exact resume from step 4."""
+    return {
+        name: tinylm.train(
+            make,
+            CFG,
+            RECIPE,
+            corpus,
+            tmp_path_factory.mktemp(name),
+            resume_at=4,
+            resume_steps=4,
+            log=lambda _: None,
+        )
+        for name, make in TRAINERS.items()
+    }
+
+
+def test_same_initial_weights_in_both_frameworks():
+    params = tinylm.init_params(CFG, seed=0)
+    for name, make in TRAINERS.items():
+        got = make(CFG, RECIPE, params).params()
+        assert got.keys() == params.keys(), name
+        for key, value in params.items():
+            np.testing.assert_array_equal(got[key], value, err_msg=f"{name} {key}")
+
+
+def test_both_frameworks_train_alike(runs):
+    torch_losses, jax_losses = (np.array(runs[name]["train_loss"]) for name in TRAINERS)
+    for losses in (torch_losses, jax_losses):
+        assert np.isfinite(losses).all() and losses[-1] < losses[0] - 0.3, losses
+    # Same weights, batches and precision: the frameworks differ only in rounding order
+    # (bf16 GEMM accumulation, LayerNorm), far below what a step changes.
+    np.testing.assert_allclose(jax_losses, torch_losses, rtol=2e-3)
+    np.testing.assert_allclose(runs["jax"]["heldout"], runs["torch"]["heldout"], rtol=2e-3)
+
+
+def test_resume_is_exact(runs):
+    assert {name: run["resume_exact"] for name, run in runs.items()} == {"torch": True, "jax": True}
+
+
+def test_config_names_a_bad_dim():
+    with pytest.raises(ValueError, match="d_model must be a multiple of 32.*got 100"):
+        dataclasses.replace(CFG, d_model=100, heads=4)
