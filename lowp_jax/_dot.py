@@ -134,14 +134,15 @@ def dot_general_impl(
     return _choose(*jax.eval_shape(operands, lhs, rhs), impl)
 
 
-def scaled_matmul_problem() -> str | None:
-    """Why `jax.nn.scaled_matmul` cannot run a block-scaled GEMM on the default backend,
-    or None if it can (a CUDA GPU of compute capability >= 10.0 with cuDNN >= 9.7)."""
-    device = jax.devices()[0]
+def scaled_matmul_problem(device=None) -> str | None:
+    """Why `jax.nn.scaled_matmul` cannot run a block-scaled GEMM on `device` (default:
+    jax's default device), or None if it can (a CUDA GPU of compute capability >= 10.0
+    with cuDNN >= 9.7)."""
+    device = jax.devices()[0] if device is None else device
     capability = _cuda_capability(device)
     if capability is None:
         return (
-            f"jax.nn.scaled_matmul has a kernel only on CUDA GPUs (cuDNN); the default "
+            f"jax.nn.scaled_matmul has a kernel only on CUDA GPUs (cuDNN); the "
             f"device is {device.platform} ({device.device_kind})"
         )
     if capability < (10, 0):
@@ -222,10 +223,25 @@ def _operand(x, scheme):
     return _quantize.quantize(x, scheme)
 
 
+def _device(a, b):
+    """The device the dot runs on: that of the operands where they are concrete arrays
+    on one device (eagerly, `jax.device_put(x, cpu)` on a GPU machine runs on the CPU);
+    under `jit`, where operands are tracers, jax's default device, which is where the
+    computation compiles for unless its inputs are committed elsewhere."""
+    for x in (a, b):
+        leaf = x.codes if isinstance(x, _qarray.QArray) else x
+        if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+            devices = leaf.devices()
+            if len(devices) == 1:
+                return next(iter(devices))
+    return jax.devices()[0]
+
+
 def _problem(impl: str, a, b) -> str | None:
     """Why `impl` cannot run operands a (..., K) and b (N, K), or None if it can."""
     qa, qb = isinstance(a, _qarray.QArray), isinstance(b, _qarray.QArray)
-    gpu = jax.default_backend() == "gpu"
+    device = _device(a, b)
+    gpu = device.platform == "gpu"
     if impl in ("dequantize", "emulated"):
         return None
     if not (qa and qb):
@@ -245,7 +261,6 @@ def _problem(impl: str, a, b) -> str | None:
         if gpu and sa.fmt == sb.fmt == "float8_e5m2":
             return "cuBLASLt's fp8 GEMM needs one e4m3 operand; both are float8_e5m2"
         if gpu:
-            device = jax.devices()[0]
             capability = _cuda_capability(device)
             if capability is None or capability < (8, 9):
                 return f"XLA's fp8 GEMM needs a CUDA GPU of compute capability >= 8.9, not {device.device_kind}"
@@ -262,7 +277,7 @@ def _problem(impl: str, a, b) -> str | None:
             return f"cuDNN's MX GEMM takes 32-blocks of fp8 x fp8 or fp4 x fp4, got {sa} x {sb}"
         if nv and not sa.block == sb.block == 16:
             return f"cuDNN's NVFP4 GEMM takes 16-blocks, got {sa} x {sb}"
-        return scaled_matmul_problem()
+        return scaled_matmul_problem(device)
     raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
 
 
@@ -272,8 +287,9 @@ def _choose(a, b, impl: str) -> tuple[str, str]:
         if problem is not None:
             raise ValueError(f"dot_general: impl={impl!r} cannot run these operands: {problem}")
         return impl, "requested"
-    if jax.default_backend() != "gpu":
-        return "emulated", f"the {jax.default_backend()} backend has no low-precision GEMM"
+    platform = _device(a, b).platform
+    if platform != "gpu":
+        return "emulated", f"the {platform} backend has no low-precision GEMM"
     reasons = []
     for candidate in ("fp8", "scaled_matmul"):
         problem = _problem(candidate, a, b)
