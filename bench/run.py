@@ -1,0 +1,468 @@
+"""lowp's benchmarks in one process on one GPU: a table, a results file, the summary.
+
+    python bench/run.py                                   # everything, H200 sizes
+    python bench/run.py --sections linear,sweep --time-budget 500
+    python bench/run.py --summary bench/results/h200.json # also the issue-7 summary
+    python bench/run.py --from-results A.json B.json --summary bench/results/h200.json
+    python bench/run.py --small                           # CPU smoke run, tiny shapes
+
+Sections (each can be picked with --sections; a failing item is recorded and the run
+goes on; with --time-budget, items that no longer fit are skipped and recorded):
+
+  casts   bf16 -> fp8 casts at 16384^2 as a fraction of a same-run device copy, run by
+          bench/casts.py (its fused Triton path is the number in the summary).
+  gemm    a quantized Linear's forward per inference preset vs bf16 (bench/torch_linear.py).
+  linear  one Linear's forward + backward per training recipe vs bf16 eager and bf16
+          compiled, lowp eager and compiled, torchao's recipe compiled and eager (when
+          torchao imports), and the limit: the recipe's three GEMMs alone on
+          pre-quantized operands (bench/gemm_limit.py). LLM shapes of ANCHORS.md.
+  jax     the same in JAX: flax Dense with lowp's training dot vs bf16 and vs flax's
+          Fp8DirectDotGeneralOp (delayed scaling) (bench/jax_training.py).
+  sweep   the small-shape sweep: M = 16 ... 16384 at K = N = 4096 and 8192, every
+          float8 recipe vs bf16, forward + backward.
+  memory  peak CUDA memory of an eager transformer-block training step per recipe.
+  block   that block's training step timed, bf16 vs each float8 recipe, eager and
+          compiled (bench/torch_block.py), with its peak memory.
+
+MX recipes have no MX GEMM before sm_100: on Hopper (and CPU) their GEMMs are
+emulated, and their rows say "numerics only". Results: bench/results/run_<device>_<time>.json
+holds every row, skip and error, rewritten after each row; --summary PATH writes the
+summary in issue 7's form (bench/summary.py), also as the run goes.
+
+--small runs tiny shapes with few iterations, eager only unless --modes says otherwise,
+and torch.compile on the "aot_eager" backend (Inductor's C++ build would take minutes
+on a CPU): it checks the plumbing, not the speed.
+"""
+
+import os
+
+# torch and JAX share the one GPU: JAX must not take 75% of its memory up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import importlib.util
+import io
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import lowp
+from bench import _record, _timing, gemm_limit, linear_step, summary, torch_block, torch_linear
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+SECTIONS = ("casts", "linear", "jax", "sweep", "memory", "block", "gemm")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """The shapes each section runs: the H200's (`FULL`) or a CPU smoke run's (`SMALL`)."""
+
+    linear: tuple  # (M, K, N) of the linear and jax sections
+    sweep_m: tuple
+    sweep_kn: tuple  # K = N
+    block: torch_block.BlockShape
+    gemm: dict  # torch_linear's named shapes
+    cast_shape: str
+    cast_iters: int
+    timing: _timing.Timing
+
+
+FULL = Sizes(
+    linear=((16384, 4096, 14336), (16384, 8192, 8192)),
+    sweep_m=(16, 64, 256, 1024, 4096, 16384),
+    sweep_kn=(4096, 8192),
+    # Llama-3-8B's layer: 8192 tokens
+    block=torch_block.BlockShape(dim=4096, heads=32, ffn=14336, batch=2, seq=4096),
+    gemm=torch_linear.SHAPES,
+    cast_shape="16384x16384",
+    cast_iters=10,
+    timing=_timing.Timing(warmup=3, repeats=5, target_s=0.05),
+)
+SMALL = Sizes(
+    linear=((64, 128, 256),),
+    sweep_m=(16, 64),
+    sweep_kn=(128,),
+    block=torch_block.BlockShape(dim=64, heads=2, ffn=128, batch=2, seq=32),
+    gemm={"large": (64, 128, 128)},
+    cast_shape="64x256",
+    cast_iters=1,
+    timing=_timing.Timing(warmup=1, repeats=1, target_s=0.0),
+)
+
+
+@dataclasses.dataclass
+class Context:
+    args: argparse.Namespace
+    sizes: Sizes
+    device: torch.device
+    recipes: tuple
+    backend: str
+
+    def modes(self, flag: str) -> list:
+        return [m for m in getattr(self.args, flag).split(",") if m]
+
+    def float8_recipes(self) -> list:
+        return [r for r in self.recipes if r in summary.FLOAT8_RECIPES]
+
+    def by_priority(self) -> list:
+        """[(True, float8 recipes), (False, the others)], the flag saying whether a pass
+        measures the baselines: every shape's baselines and float8 rows come before any
+        MX row, so a time budget that runs out drops the MX recipes (emulated on
+        Hopper) first."""
+        others = [r for r in self.recipes if r not in summary.FLOAT8_RECIPES]
+        return [(True, self.float8_recipes()), (False, others)]
+
+
+# --- the sections: each adds items to its `_record.Section` ---
+
+
+def casts(ctx: Context, sec: _record.Section) -> None:
+    """bench/casts.py (it belongs with the fused cast kernels), run through its own CLI."""
+    from bench import casts as cast_bench
+
+    paths = ctx.args.cast_paths
+    if ctx.device.type != "cuda" and "triton" in paths.split(","):
+        # Off CUDA the Triton kernels run only under TRITON_INTERPRET=1.
+        paths = ",".join(p for p in paths.split(",") if p != "triton") or "eager"
+        sec.note("no Triton path off CUDA: the summary's cast fractions are null")
+
+    def measure():
+        # Its own printout would repeat the rows this section prints.
+        with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+            argv = ["--device", str(ctx.device), "--shape", ctx.sizes.cast_shape]
+            argv += ["--iters", str(ctx.sizes.cast_iters), "--paths", paths]
+            argv += ["--out", str(pathlib.Path(tmp) / "casts.json")]
+            result = cast_bench.main(argv)
+        sec.note(f"copy: {result['copy']}")
+        return result["rows"]
+
+    sec.item(f"casts {ctx.sizes.cast_shape} paths={paths}", measure)
+
+
+def gemm(ctx: Context, sec: _record.Section) -> None:
+    plan = torch_linear.items(
+        ctx.sizes.gemm,
+        lowp.InferenceConfig.names(),
+        [{"compiled": "compile"}.get(m, m) for m in ctx.modes("gemm_modes")],
+        ctx.device,
+        ctx.sizes.timing,
+        kernel="auto",
+        fast_accum=True,
+        backend=ctx.backend,
+    )
+    for what, measure in plan:
+        sec.item(what, measure)
+
+
+def linear(ctx: Context, sec: _record.Section) -> None:
+    torchao_why = linear_step.torchao_problem()
+    if torchao_why:
+        sec.note(f"no torchao rows: {torchao_why}")
+    modes = ctx.modes("modes")
+    for with_baselines, recipes in ctx.by_priority():
+        for m, k, n in ctx.sizes.linear:
+            tensors = linear_step.inputs(m, k, n, ctx.device)
+            shape = f"{m}x{k}x{n}"
+            for mode in modes if with_baselines else ():
+                _linear_item(ctx, sec, "bf16", None, mode, tensors, shape)
+            for recipe in recipes:
+                for mode in modes:
+                    _linear_item(ctx, sec, "lowp", recipe, mode, tensors, shape)
+                if recipe in linear_step.TORCHAO_RECIPE and not torchao_why:
+                    for mode in reversed(modes):  # compiled first: the number issue 7 compares
+                        _linear_item(ctx, sec, "torchao", recipe, mode, tensors, shape)
+                sec.item(
+                    f"{shape} limit {recipe}",
+                    lambda recipe=recipe, tensors=tensors: [
+                        gemm_limit.measure(recipe, tensors, ctx.sizes.timing)
+                    ],
+                )
+            del tensors
+            linear_step.release(ctx.device)
+
+
+def _linear_item(ctx, sec, impl, recipe, mode, tensors, shape) -> None:
+    def measure():
+        try:
+            return [linear_step.measure(impl, recipe, mode, tensors, ctx.sizes.timing, ctx.backend)]
+        finally:
+            linear_step.release(ctx.device)
+
+    sec.item(f"{shape} {impl} {recipe or ''} {mode}", measure)
+
+
+def sweep(ctx: Context, sec: _record.Section) -> None:
+    modes = ctx.modes("sweep_modes")
+    for kn in ctx.sizes.sweep_kn:
+        for m in ctx.sizes.sweep_m:
+            tensors = linear_step.inputs(m, kn, kn, ctx.device)
+            shape = f"{m}x{kn}x{kn}"
+            for mode in modes:
+                _linear_item(ctx, sec, "bf16", None, mode, tensors, shape)
+                for recipe in ctx.float8_recipes():
+                    _linear_item(ctx, sec, "lowp", recipe, mode, tensors, shape)
+
+
+def memory(ctx: Context, sec: _record.Section) -> None:
+    if ctx.device.type != "cuda":
+        sec.note("peak memory is read from torch.cuda: null off CUDA")
+    for recipe in ("bf16", *ctx.recipes):
+        sec.item(f"memory {recipe}", lambda recipe=recipe: [_block_row(ctx, recipe, "eager", None)])
+
+
+def block(ctx: Context, sec: _record.Section) -> None:
+    for mode in ctx.modes("modes"):
+        for recipe in ("bf16", *ctx.float8_recipes()):
+            sec.item(
+                f"block {recipe} {mode}",
+                lambda recipe=recipe, mode=mode: [_block_row(ctx, recipe, mode, ctx.sizes.timing)],
+            )
+
+
+def _block_row(ctx, recipe, mode, timing) -> dict:
+    try:
+        return torch_block.measure(recipe, mode, ctx.sizes.block, ctx.device, timing, ctx.backend)
+    finally:
+        linear_step.release(ctx.device)
+
+
+def jax_section(ctx: Context, sec: _record.Section) -> None:
+    """torch gives its cached GPU memory back first (`release`): JAX allocates its own."""
+    linear_step.release(ctx.device)
+    import jax
+
+    from bench import jax_training
+
+    sec.note(f"jax {jax.__version__} on {jax.devices()[0].device_kind}")
+    for with_baselines, recipes in ctx.by_priority():
+        for m, k, n in ctx.sizes.linear:
+            tensors = jax_training.inputs(m, k, n)
+            baselines = [("bf16", None), ("flax_fp8", None)] if with_baselines else []
+            for impl, recipe in baselines + [("lowp", r) for r in recipes]:
+                sec.item(
+                    f"{m}x{k}x{n} {impl} {recipe or ''}",
+                    lambda impl=impl, recipe=recipe, tensors=tensors: [
+                        jax_training.measure(impl, recipe, tensors, ctx.sizes.timing)
+                    ],
+                )
+
+
+def _format_cast(row) -> str:
+    return (
+        f"{row['scheme']:>16} {row['path']:>8}: {row['ms']:9.4f} ms {row['gb_per_s']:8.1f} GB/s "
+        f"{row['fraction_of_copy']:6.3f} of copy [{row['bytes_check']}]"
+    )
+
+
+def _jax_format(row) -> str:
+    from bench import jax_training
+
+    return jax_training.format_row(row)
+
+
+RUNNERS = {
+    "casts": (casts, _format_cast),
+    "gemm": (gemm, torch_linear.format_row),
+    "linear": (linear, linear_step.format_row),
+    "jax": (jax_section, _jax_format),
+    "sweep": (sweep, linear_step.format_row),
+    "memory": (memory, torch_block.format_row),
+    "block": (block, torch_block.format_row),
+}
+
+
+# --- the run ---
+
+
+def describe(device) -> dict:
+    """What the numbers were measured on."""
+    info = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "capability": list(torch.cuda.get_device_capability(device))
+        if device.type == "cuda"
+        else None,
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+    }
+    for name in ("triton", "jax", "flax", "torchao"):
+        spec = importlib.util.find_spec(name)
+        info[name] = None if spec is None else _version(name)
+    return info
+
+
+def _version(name: str):
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _git(*args) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", *args], check=False, cwd=ROOT, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def run(args) -> dict:
+    device = torch.device(args.device)
+    threads = torch.get_num_threads()
+    if args.small and device.type == "cpu":
+        # Two OpenMP threads on a busy 2-core machine run tiny ops many times slower.
+        torch.set_num_threads(1)
+    try:
+        return _run(args, device)
+    finally:
+        torch.set_num_threads(threads)  # a caller in the same process (a test) keeps its own
+
+
+def _run(args, device) -> dict:
+    sizes = SMALL if args.small else FULL
+    recipes = tuple(r for r in args.recipes.split(",") if r)
+    for recipe in recipes:
+        lowp.Recipe.from_name(recipe)  # a typo fails now, not an hour in
+    ctx = Context(args, sizes, device, recipes, args.compile_backend)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = pathlib.Path(args.out or RESULTS / f"run_{device.type}_{stamp}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    budget = _timing.Budget(args.time_budget)
+    result = {"meta": describe(device), "args": vars(args), "sections": {}, "summary": None}
+    sections = {}
+
+    def save():
+        result["sections"] = {name: s.as_dict() for name, s in sections.items()}
+        result["summary"] = summary.build(result["sections"])
+        _write(out, result)
+        if args.summary:
+            _write(pathlib.Path(args.summary), result["summary"])
+
+    for name in args.sections.split(","):
+        runner, format_row = RUNNERS[name]
+        sec = sections[name] = _record.Section(name, budget, save, format_row)
+        print(f"=== {name} ({budget.left():.0f} s of budget left)", flush=True)
+        try:
+            runner(ctx, sec)
+        except Exception as e:  # noqa: BLE001 - a section that cannot start is a result too
+            sec.fail(f"section {name}", e)
+        save()
+    print()
+    print(summary.format_table(result["summary"]))
+    print(f"wrote {out}" + (f" and {args.summary}" if args.summary else ""))
+    return result
+
+
+# What names a row in each section: a row of the same name in a later file replaces it.
+_ROW_IDENTITY = {
+    "casts": ("scheme", "path"),
+    "gemm": ("M", "K", "N", "preset", "mode"),
+    "linear": ("M", "K", "N", "impl", "recipe", "mode"),
+    "jax": ("M", "K", "N", "impl", "recipe"),
+    "sweep": ("M", "K", "N", "impl", "recipe", "mode"),
+    "memory": ("recipe", "mode"),
+    "block": ("recipe", "mode"),
+}
+
+
+def merge(paths) -> dict:
+    """Several runs' results files as one, for a run split over GPU calls. Split by
+    section: every ratio compares rows of one section, so each stays within one run.
+    Skips and errors are concatenated; a row measured in two files counts as the later."""
+    merged = {"meta": [], "sections": {}}
+    for path in paths:
+        one = json.loads(pathlib.Path(path).read_text())
+        merged["meta"].append(one["meta"])
+        for name, sec in one["sections"].items():
+            into = merged["sections"].setdefault(
+                name, {"rows": [], "skipped": [], "errors": [], "notes": [], "seconds": 0.0}
+            )
+            identity = _ROW_IDENTITY[name]
+            names = {tuple(row.get(k) for k in identity) for row in sec["rows"]}
+            into["rows"] = [
+                row for row in into["rows"] if tuple(row.get(k) for k in identity) not in names
+            ] + sec["rows"]
+            for key in ("skipped", "errors", "notes"):
+                into[key] += sec[key]
+            into["seconds"] += sec["seconds"]
+    merged["summary"] = summary.build(merged["sections"])
+    return merged
+
+
+def _write(path: pathlib.Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def parse(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma list, run in order")
+    parser.add_argument("--small", action="store_true", help="tiny shapes: a CPU smoke run")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--recipes", default=",".join(lowp.Recipe.names()), help="comma list")
+    parser.add_argument("--modes", default=None, help="linear and block: eager,compiled")
+    parser.add_argument("--sweep-modes", default="eager", help="sweep: eager,compiled")
+    parser.add_argument("--gemm-modes", default="eager", help="gemm: eager,compiled")
+    parser.add_argument(
+        "--cast-paths", default=None, help="bench/casts.py's paths (--small: eager only)"
+    )
+    parser.add_argument(
+        "--compile-backend",
+        default=None,
+        help="torch.compile backend (inductor; --small: aot_eager)",
+    )
+    parser.add_argument("--time-budget", type=float, default=None, help="seconds for the run")
+    parser.add_argument("--out", default="", help="results file (default: bench/results/run_*)")
+    parser.add_argument("--summary", default="", help="also write the issue-7 summary here")
+    parser.add_argument(
+        "--from-results",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="measure nothing: summarise these results files (with --summary, write it)",
+    )
+    args = parser.parse_args(argv)
+    if args.modes is None:
+        args.modes = "eager" if args.small else "eager,compiled"
+    if args.cast_paths is None:
+        args.cast_paths = "eager" if args.small else "triton,eager,compile"
+    if args.compile_backend is None:
+        args.compile_backend = "aot_eager" if args.small else "inductor"
+    unknown = set(args.sections.split(",")) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
+    if args.from_results:
+        result = merge(args.from_results)
+        print(summary.format_table(result["summary"]))
+        if args.summary:
+            _write(pathlib.Path(args.summary), result["summary"])
+            print(f"wrote {args.summary}")
+        return result
+    return run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""bench/run.py --small: the sections run on CPU and the summary has issue 7's form.
+
+One small run (about 10 s of CPU) feeds the checks; the error, budget and merge paths
+are checked without measuring anything heavy.
+"""
+
+import json
+import pathlib
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
+
+from bench import linear_step, run
+
+# The form bench/results/h200.json is committed in (issue 7).
+SUMMARY_KEYS = {
+    "cast_fraction_of_copy",
+    "linear_fwd_bwd_speedup_vs_bf16",
+    "jax_dense_fwd_bwd_speedup_vs_bf16",
+    "slowest_vs_bf16_small_shapes",
+}
+LINEAR_CELL = {"eager", "compiled", "torchao_compiled", "limit"}
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    argv = ["--small", "--sections", "linear,sweep,memory", "--recipes", "float8_rowwise,mxfp8"]
+    argv += ["--out", str(out / "run.json"), "--summary", str(out / "summary.json")]
+    result = run.main(argv)
+    return out, result
+
+
+def test_summary_has_the_issue_form(small_run):
+    out, result = small_run
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary == json.loads(json.dumps(result["summary"]))
+    assert SUMMARY_KEYS <= set(summary)
+    assert set(summary["cast_fraction_of_copy"]) == {"tensorwise", "rowwise", "mxfp8"}
+    linear = summary["linear_fwd_bwd_speedup_vs_bf16"]
+    assert set(linear) == {"float8_rowwise", "mxfp8"}
+    for shapes in linear.values():
+        assert list(shapes) == ["64x128x256"]
+        assert all(set(cell) == LINEAR_CELL for cell in shapes.values())
+    assert linear["float8_rowwise"]["64x128x256"]["eager"] > 0
+    assert linear["float8_rowwise"]["64x128x256"]["limit"] > 0
+    assert linear["mxfp8"]["64x128x256"]["limit"] is None  # no MX GEMM to time
+    assert summary["slowest_vs_bf16_small_shapes"] > 0
+    assert summary["slowest_small_shape"]["recipe"] == "float8_rowwise"
+    assert "mxfp8" in summary["numerics_only"]  # CPU: every GEMM emulated
+    assert set(summary["memory_peak"]) == {"bf16", "float8_rowwise", "mxfp8"}
+
+
+def test_results_file_keeps_every_row(small_run):
+    out, _ = small_run
+    saved = json.loads((out / "run.json").read_text())
+    assert set(saved["sections"]) == {"linear", "sweep", "memory"}
+    assert all(not s["errors"] and not s["skipped"] for s in saved["sections"].values())
+    linear = {(r["impl"], r["recipe"]) for r in saved["sections"]["linear"]["rows"]}
+    assert {("bf16", "bf16"), ("lowp", "float8_rowwise"), ("limit", "float8_rowwise")} <= linear
+    sweep = saved["sections"]["sweep"]["rows"]
+    assert sorted({r["M"] for r in sweep}) == [16, 64]
+    assert saved["meta"]["torch"]
+
+
+def test_merge_gives_the_same_summary(small_run, tmp_path):
+    out, result = small_run
+    merged = run.main(
+        [
+            "--from-results",
+            str(out / "run.json"),
+            str(out / "run.json"),
+            "--summary",
+            str(tmp_path / "s.json"),
+        ]
+    )
+    assert merged["summary"] == json.loads(json.dumps(result["summary"]))
+
+
+def test_a_failing_item_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
+    real = linear_step.measure
+
+    def measure(impl, recipe, *args):
+        if impl == "lowp":
+            raise RuntimeError("planted")
+        return real(impl, recipe, *args)
+
+    monkeypatch.setattr(linear_step, "measure", measure)
+    result = run.main(
+        [
+            "--small",
+            "--sections",
+            "sweep",
+            "--recipes",
+            "float8_tensorwise",
+            "--out",
+            str(tmp_path / "run.json"),
+        ]
+    )
+    sweep = result["sections"]["sweep"]
+    assert [r["impl"] for r in sweep["rows"]] == ["bf16", "bf16"]
+    assert [e["error"] for e in sweep["errors"]] == ["RuntimeError: planted"] * 2
+    assert result["summary"]["incomplete"] == {"sweep": {"skipped": 0, "errors": 2}}
+
+
+def test_a_spent_time_budget_skips_and_says_so(tmp_path):
+    result = run.main(
+        [
+            "--small",
+            "--sections",
+            "linear",
+            "--time-budget",
+            "-1",
+            "--out",
+            str(tmp_path / "run.json"),
+        ]
+    )
+    linear = result["sections"]["linear"]
+    assert linear["rows"] == [] and linear["skipped"]
+    assert all(s["why"].startswith("time budget") for s in linear["skipped"])
+    assert result["summary"]["linear_fwd_bwd_speedup_vs_bf16"] == {}
+
+
+def test_jax_section(tmp_path):
+    pytest.importorskip("flax")
+    result = run.main(
+        [
+            "--small",
+            "--sections",
+            "jax",
+            "--recipes",
+            "float8_tensorwise",
+            "--out",
+            str(tmp_path / "run.json"),
+        ]
+    )
+    jax_rows = result["sections"]["jax"]["rows"]
+    assert [r["impl"] for r in jax_rows] == ["bf16", "flax_fp8", "lowp"]
+    speedups = result["summary"]["jax_dense_fwd_bwd_speedup_vs_bf16"]
+    assert set(speedups) == {"flax_fp8", "float8_tensorwise"}
