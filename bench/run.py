@@ -29,6 +29,13 @@ emulated, and their rows say "numerics only". Results: bench/results/run_<device
 holds every row, skip and error, rewritten after each row; --summary PATH writes the
 summary in issue 7's form (bench/summary.py), also as the run goes.
 
+A full H200 run takes longer than one 10-minute GPU call: split it by section (every
+ratio compares rows of one section, so each stays within one run) and merge:
+
+    python bench/run.py --sections linear --time-budget 500 --out A.json
+    python bench/run.py --sections casts,jax,sweep,memory,gemm,block --time-budget 500 --out B.json
+    python bench/run.py --from-results A.json B.json --summary bench/results/h200.json
+
 --small runs tiny shapes with few iterations, eager only unless --modes says otherwise,
 and torch.compile on the "aot_eager" backend (Inductor's C++ build would take minutes
 on a CPU): it checks the plumbing, not the speed.
