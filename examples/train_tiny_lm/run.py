@@ -4,7 +4,7 @@
 
 Runs `train_torch.py` and `train_jax.py` (on the CPU side by side, one core each: the
 default tiny run is sized for a 2-core machine), then writes to
-`--out` (default `train_tiny_lm_out/`):
+`--out` (default `out/train_tiny_lm/`, which git ignores at the repository root):
 
   losses.png    training loss of every run in both frameworks, and its ratio to bf16
   results.json  the table below, and every run's losses
@@ -102,6 +102,17 @@ def table(results: dict) -> list[dict]:
     return rows
 
 
+def cross_framework(results: dict) -> str:
+    """The final held-out loss of JAX over PyTorch's, per run: same weights, batches and
+    precision, so the two trajectories should end close together."""
+    torch_runs, jax_runs = results["torch"]["runs"], results["jax"]["runs"]
+    ratios = [
+        f"{run} {jax_runs[run]['heldout'][-1][1] / torch_runs[run]['heldout'][-1][1]:.4f}"
+        for run in torch_runs
+    ]
+    return "held-out loss, jax / torch: " + ", ".join(ratios)
+
+
 # (heading, format spec of its width and alignment, the cell of a row); "-" where a
 # row lacks the key.
 _COLUMNS = [
@@ -184,7 +195,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--runs", default=",".join(tinylm.RUNS), help="comma-separated: bf16 and/or recipe names"
     )
-    parser.add_argument("--out", default="train_tiny_lm_out", help="directory for the PNG and JSON")
+    parser.add_argument("--out", default="out/train_tiny_lm", help="directory for the PNG and JSON")
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -193,6 +204,7 @@ def main(argv=None) -> int:
     minutes = (time.perf_counter() - start) / 60
     rows = table(results)
     print(format_table(rows))
+    print(cross_framework(results))
     print(f"{args.size} on {args.device}: {minutes:.1f} min in all")
     (out / "results.json").write_text(json.dumps({"table": rows, "runs": results}, indent=1))
     plot(results, out / "losses.png")
