@@ -30,12 +30,13 @@ def _input_to_bf16(args, /, *, dtype=None, inexact=True):
     return x.astype(dtype), kernel, bias
 
 
-def _dense(cfg_in: int, cfg_out: int, run: str, rngs) -> nnx.Linear:
+def _dense(in_features: int, out_features: int, run: str, rngs) -> nnx.Linear:
+    """A bias-free projection: bf16 for the baseline, else quantized by the recipe `run`."""
     if run == "bf16":
-        return nnx.Linear(cfg_in, cfg_out, use_bias=False, dtype=BF16, rngs=rngs)
+        return nnx.Linear(in_features, out_features, use_bias=False, dtype=BF16, rngs=rngs)
     return nnx.Linear(
-        cfg_in,
-        cfg_out,
+        in_features,
+        out_features,
         use_bias=False,
         dtype=BF16,
         dot_general=lowp_jax.TrainingDotGeneral(run),
