@@ -87,9 +87,11 @@ def test_both_frameworks_train_alike(runs):
     for losses in (torch_losses, jax_losses):
         assert np.isfinite(losses).all() and losses[-1] < losses[0] - 0.3, losses
     # Same weights, batches and precision: the frameworks differ only in rounding order
-    # (bf16 GEMM accumulation, LayerNorm), far below what a step changes.
-    np.testing.assert_allclose(jax_losses, torch_losses, rtol=2e-3)
-    np.testing.assert_allclose(runs["jax"]["heldout"], runs["torch"]["heldout"], rtol=2e-3)
+    # (bf16 GEMM accumulation, LayerNorm): 1e-7 at step 0, 1e-4 after a few steps here,
+    # where other initial weights differ by 1e-3 at step 0 and 1e-2 after a few steps.
+    np.testing.assert_allclose(jax_losses[0], torch_losses[0], rtol=1e-5)
+    np.testing.assert_allclose(jax_losses, torch_losses, rtol=1e-3)
+    np.testing.assert_allclose(runs["jax"]["heldout"], runs["torch"]["heldout"], rtol=1e-3)
 
 
 def test_resume_is_exact(runs):
