@@ -78,7 +78,11 @@ class Dense(nn.Module):
             if self.use_bias
             else None
         )
-        inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+        promoted_inputs, promoted_kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+        # Training quantizes the master weight in its parameter dtype (see
+        # lowp_jax.nnx.master_weight_promote_dtype); inference uses the promoted kernel.
+        inputs = promoted_inputs
+        kernel = kernel if self.recipe is not None else promoted_kernel
         dot = _training.layer_dot_general(self.config, self.recipe, self.impl)
         y = dot(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)
         if bias is not None:

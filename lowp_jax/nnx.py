@@ -56,13 +56,26 @@ class Linear(nnx.Linear):
         impl="auto",
         **kwargs,
     ):
+        kwargs.setdefault(
+            "promote_dtype", promote_dtype if recipe is None else master_weight_promote_dtype
+        )
         super().__init__(
             in_features,
             out_features,
             dot_general=_training.layer_dot_general(config, recipe, impl),
-            promote_dtype=promote_dtype,
             **kwargs,
         )
+
+
+def master_weight_promote_dtype(args, /, *, dtype=None, inexact=True):
+    """The training layers' `promote_dtype`: the input and bias are cast as flax casts
+    them, the kernel stays in its parameter dtype. The recipe quantizes the master
+    weight itself (one rounding, not a cast to `dtype` and then another), as
+    `lowp_torch.Linear` does under autocast, so both frameworks quantize the same tensor
+    to the same bytes; the weight gradient comes back in the parameter dtype."""
+    inputs, kernel, bias = args
+    inputs, _, bias = promote_dtype(args, dtype=dtype, inexact=inexact)
+    return inputs, kernel, bias
 
 
 def quantize_model(model: nnx.Module, config, filter_fn=None, *, impl: str = "auto"):
@@ -90,4 +103,4 @@ def quantize_model(model: nnx.Module, config, filter_fn=None, *, impl: str = "au
     return quantized
 
 
-__all__ = ["Linear", "promote_dtype", "quantize_model"]
+__all__ = ["Linear", "master_weight_promote_dtype", "promote_dtype", "quantize_model"]

@@ -571,3 +571,41 @@ def test_fp8_gemms_in_the_compiled_training_step(recipe):
         m.group(1) if (m := re.search(r'"operand_precision":\["(\w+)"', c)) else "?" for c in calls
     )
     assert precisions == ["DEFAULT", "HIGHEST", "HIGHEST"], "\n".join(calls)
+
+
+@pytest.mark.parametrize("layer_kind", ["nnx", "linen"])
+def test_mixed_precision_layers_quantize_the_float32_master_weight(layer_kind):
+    """dtype=bfloat16 with float32 parameters: the recipe quantizes the float32 kernel
+    itself (as lowp_torch.Linear does under autocast), not a bfloat16 copy of it, so
+    both frameworks quantize the same tensor; the kernel's gradient is float32."""
+    import flax.linen as nn
+    from flax import nnx
+
+    import lowp_jax.linen
+    import lowp_jax.nnx
+
+    recipe = "float8_tensorwise"  # one scale: a bf16 copy's amax would change it
+    x = jax.random.normal(jax.random.key(1), (64, 128), jnp.float32)
+    if layer_kind == "nnx":
+        layer = lowp_jax.nnx.Linear(
+            128, 64, recipe=recipe, dtype=jnp.bfloat16, use_bias=False, rngs=nnx.Rngs(0)
+        )
+        kernel = layer.kernel[...]
+        y = layer(x)
+        dk = nnx.grad(lambda m: m(x).astype(jnp.float32).sum())(layer)["kernel"][...]
+    else:
+        dense = lowp_jax.linen.Dense(64, recipe=recipe, dtype=jnp.bfloat16, use_bias=False)
+        params = dense.init(jax.random.key(0), x)
+        kernel = params["params"]["kernel"]
+        y = dense.apply(params, x)
+        dk = jax.grad(lambda p: dense.apply(p, x).astype(jnp.float32).sum())(params)["params"][
+            "kernel"
+        ]
+    assert kernel.dtype == jnp.float32 and dk.dtype == jnp.float32 and y.dtype == jnp.bfloat16
+    dims = (((1,), (0,)), ((), ()))
+    want = lowp_jax.training_dot_general(x.astype(jnp.bfloat16), kernel, dims, recipe=recipe)
+    assert jnp.array_equal(y, want)
+    bf16_copy = lowp_jax.training_dot_general(
+        x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16), dims, recipe=recipe
+    )
+    assert not jnp.array_equal(y, bf16_copy)  # the case distinguishes the two
