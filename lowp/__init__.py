@@ -4,7 +4,7 @@ This package is the backend-neutral core and the NumPy reference implementation.
 """
 
 from lowp._formats import ELEMENT_FORMATS, FORMATS, SCALE_FORMATS, Format, decode, encode
-from lowp._interchange import load, read_arrays, save
+from lowp._interchange import load, load_activations, read_arrays, save
 from lowp._layouts import from_cublas_blocked, pack_fp4, to_cublas_blocked, unpack_fp4
 from lowp._qtensor import QTensor
 from lowp._quantize import dequantize, quantize
@@ -32,6 +32,7 @@ __all__ = [
     "encode",
     "from_cublas_blocked",
     "load",
+    "load_activations",
     "pack_fp4",
     "quantize",
     "random_bits",

@@ -9,8 +9,9 @@ each tensor at its `data_offsets` relative to the end of the header.
 
 A QTensor `NAME` becomes the tensors `NAME.codes`, `NAME.scale` and (NVFP4 with a global
 scale) `NAME.global_scale`, with its scheme, shape, hp_dtype and scale layout as JSON under
-the header's `__metadata__` key `lowp`. Byte order is little-endian on disk; lowp assumes a
-little-endian host, as numpy's float8/bfloat16 dtypes in ml_dtypes do.
+the header's `__metadata__` key `lowp`; optionally (lowp_format 2) also the scheme its layer
+quantizes inputs with at run time, its "activation". Byte order is little-endian on disk;
+lowp assumes a little-endian host, as numpy's float8/bfloat16 dtypes in ml_dtypes do.
 """
 
 import contextlib
@@ -28,7 +29,9 @@ import numpy as np
 
 from lowp import _qtensor, _schemes
 
-LOWP_FORMAT = 1
+# The newest lowp_format this lowp reads. 2 = 1 plus the optional entry field "activation";
+# `save` writes 1 unless it records an activation, so such files still load in older lowp.
+LOWP_FORMAT = 2
 METADATA_KEY = "lowp"
 
 # The safetensors dtype names lowp reads and writes, and the numpy dtype of each.
@@ -63,9 +66,18 @@ SCHEME_FIELDS = {
     "NVFP4Scaling": (_schemes.NVFP4Scaling, {"block": int, "global_scale": bool, "axis": int}),
 }
 _ENTRY_FIELDS = ("scheme", "shape", "hp_dtype", "scale_layout")
+_ACTIVATION = "activation"  # optional entry field, lowp_format >= 2
+# An activation has no rank until run time; the GEMM reads it as x (M, K) quantized along
+# K (spec §8), so its axis is stored as that rank-2 operand's: 1.
+_ACTIVATION_RANK = 2
 
 
-def save(path: str | os.PathLike, tensors: Mapping[str, "_qtensor.QTensor | np.ndarray"]):
+def save(
+    path: str | os.PathLike,
+    tensors: Mapping[str, "_qtensor.QTensor | np.ndarray"],
+    *,
+    activations: "Mapping[str, _schemes.Scheme | None] | None" = None,
+):
     """Write QTensors and plain arrays to one safetensors file, atomically.
 
     Args:
@@ -74,11 +86,17 @@ def save(path: str | os.PathLike, tensors: Mapping[str, "_qtensor.QTensor | np.n
       tensors: name -> QTensor, or name -> numpy array of a safetensors dtype (float64,
         float32, float16, bfloat16, float8_e4m3fn, float8_e5m2, float8_e8m0fnu, signed and
         unsigned 8- to 64-bit ints, bool), of any shape including 0-d and empty.
+      activations: QTensor name -> the scheme that layer quantizes its input with at run
+        time (an `InferenceConfig.activation`), or None for weight-only; recorded in the
+        entry (read back with `load_activations`). Names left out record nothing. An
+        activation is quantized along K, its last axis: a scheme with an axis must say -1.
 
     Raises:
-      TypeError: a value that is neither a QTensor nor a numpy array of a supported dtype.
-      ValueError: a non-str name, or two names that would be stored under one tensor name
-        (a plain `w.codes` next to QTensor `w`).
+      TypeError: a value that is neither a QTensor nor a numpy array of a supported dtype,
+        or an activation that is not a scheme or None.
+      ValueError: a non-str name, two names that would be stored under one tensor name
+        (a plain `w.codes` next to QTensor `w`), an activation for a name that is not a
+        QTensor here, or an activation axis other than -1.
 
     >>> import os, tempfile, lowp
     >>> q = lowp.quantize(np.ones((2, 32), np.float32), lowp.MXScaling())
@@ -89,9 +107,12 @@ def save(path: str | os.PathLike, tensors: Mapping[str, "_qtensor.QTensor | np.n
     (['b', 'w'], MXScaling(fmt='float8_e4m3fn', block=32, mode='floor', axis=-1))
     """
     arrays, entries = _flatten(tensors)
+    _record_activations(entries, {} if activations is None else activations)
+    # The lowest version that holds the file: without activations, what older lowp reads.
+    version = 2 if any(_ACTIVATION in e for e in entries.values()) else 1
     # Sorted keys: the same tensors make the same file, whichever framework wrote them.
     lowp_json = json.dumps(
-        {"lowp_format": LOWP_FORMAT, "tensors": entries}, separators=(",", ":"), sort_keys=True
+        {"lowp_format": version, "tensors": entries}, separators=(",", ":"), sort_keys=True
     )
     _write_safetensors(path, arrays, {METADATA_KEY: lowp_json})
 
@@ -115,15 +136,52 @@ def load(path: str | os.PathLike) -> dict[str, "_qtensor.QTensor | np.ndarray"]:
     arrays, metadata = _read_safetensors(path)
     if METADATA_KEY not in metadata:
         return arrays
-    entries = _parse_lowp_metadata(metadata[METADATA_KEY], path)
+    version, entries = _parse_lowp_metadata(metadata[METADATA_KEY], path)
     # Components first, then clashes: QTensors `w` and `w.codes` may share a file
     # (stored as w.codes, w.codes.codes, ...), but a plain `w` beside QTensor `w` may not.
-    loaded = {name: _qtensor_from_entry(name, e, arrays, path) for name, e in entries.items()}
+    loaded = {}
+    for name, entry in entries.items():
+        _entry_activation(name, entry, version, path)  # a bad activation fails load too
+        loaded[name] = _qtensor_from_entry(name, entry, arrays, path)
     clashes = sorted(set(loaded) & set(arrays))
     if clashes:
         raise _error(path, f"tensor {clashes[0]!r} is both a plain tensor and a QTensor entry")
     loaded.update(arrays)  # what no QTensor claimed stays a plain array
     return dict(sorted(loaded.items()))
+
+
+def load_activations(path: str | os.PathLike) -> "dict[str, _schemes.Scheme | None]":
+    """The activation scheme recorded for each QTensor of a lowp file, reading only its header.
+
+    Returns:
+      QTensor name -> the scheme its layer quantizes inputs with at run time (axis
+      counted from the end, -1), or None where the file records weight-only. A QTensor
+      the file records nothing for (a file from before lowp_format 2, or saved without
+      `activations=`) is absent, as is every name of a file without lowp metadata.
+
+    Raises:
+      ValueError: naming the file and the tensor, for a malformed activation field (and
+        for anything wrong with the lowp metadata's version or entries, as `load`).
+
+    >>> import os, tempfile, lowp
+    >>> q = lowp.quantize(np.ones((2, 32), np.float32), lowp.MXScaling())
+    >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+    >>> save(path, {"w": q, "v": q, "u": q}, activations={"w": lowp.MXScaling(), "v": None})
+    >>> load_activations(path)
+    {'v': None, 'w': MXScaling(fmt='float8_e4m3fn', block=32, mode='floor', axis=-1)}
+    """
+    with open(path, "rb") as f:
+        header, _ = _read_header(f, os.fstat(f.fileno()).st_size, path)
+    metadata = _parse_metadata(header.get("__metadata__", {}), path)
+    if METADATA_KEY not in metadata:
+        return {}
+    version, entries = _parse_lowp_metadata(metadata[METADATA_KEY], path)
+    recorded = {}
+    for name, entry in sorted(entries.items()):
+        activation = _entry_activation(name, entry, version, path)
+        if activation is not _NOT_RECORDED:
+            recorded[name] = activation
+    return recorded
 
 
 def read_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -193,6 +251,27 @@ def _qtensor_parts(name: str, q: "_qtensor.QTensor") -> tuple[dict[str, np.ndarr
     return {stored: _plain_array(stored, a) for stored, a in parts.items()}, entry
 
 
+def _record_activations(entries: dict[str, dict], activations) -> None:
+    """Add each QTensor's "activation" field (a scheme's JSON, or None) to its entry."""
+    if not isinstance(activations, Mapping):
+        raise TypeError(f"activations must be a dict name -> Scheme or None, got {activations!r}")
+    for name, scheme in activations.items():
+        if name not in entries:
+            raise ValueError(f"activations[{name!r}]: no QTensor of that name is being saved")
+        if scheme is None:
+            entries[name][_ACTIVATION] = None
+            continue
+        if getattr(scheme, "axis", -1) != -1:  # -1 is the only axis meaning K at every rank
+            raise ValueError(
+                f"activations[{name!r}] = {scheme}: an activation is quantized along K, its "
+                "last axis (spec §8): spell it axis=-1"
+            )
+        try:
+            entries[name][_ACTIVATION] = _scheme_to_json(scheme, _ACTIVATION_RANK)
+        except TypeError as e:
+            raise TypeError(f"activations[{name!r}]: {e}") from e
+
+
 def _scheme_to_json(scheme: _schemes.Scheme, rank: int) -> dict:
     kind = type(scheme).__name__
     scheme_type, fields = SCHEME_FIELDS.get(kind, (None, {}))
@@ -207,8 +286,8 @@ def _scheme_to_json(scheme: _schemes.Scheme, rank: int) -> dict:
     return out
 
 
-def _parse_lowp_metadata(text: str, path) -> dict:
-    """The `tensors` map of lowp's metadata, after checking its version and shape."""
+def _parse_lowp_metadata(text: str, path) -> tuple[int, dict]:
+    """The lowp_format and `tensors` map of lowp's metadata, after checking their shape."""
     try:
         doc = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
     except ValueError as e:
@@ -229,15 +308,44 @@ def _parse_lowp_metadata(text: str, path) -> dict:
     _check_keys(doc, ("lowp_format", "tensors"), f"the {METADATA_KEY!r} metadata", path)
     if not isinstance(doc["tensors"], dict):
         raise _error(path, f"the {METADATA_KEY!r} metadata: field 'tensors' must be an object")
-    return doc["tensors"]
+    return version, doc["tensors"]
 
 
-def _qtensor_from_entry(name: str, entry, arrays: dict, path) -> "_qtensor.QTensor":
-    """Rebuild QTensor `name`, taking its component arrays out of `arrays`."""
+_NOT_RECORDED = object()
+
+
+def _entry_activation(name: str, entry, version: int, path):
+    """Check entry `name`'s fields; its activation scheme, None, or _NOT_RECORDED."""
     where = f"QTensor {name!r}"
     if not isinstance(entry, dict):
         raise _error(path, f"{where}: metadata entry must be an object, got {entry!r}")
-    _check_keys(entry, _ENTRY_FIELDS, where, path)
+    optional = (_ACTIVATION,) if version >= 2 else ()  # in a version-1 file: unknown
+    _check_keys(entry, _ENTRY_FIELDS, where, path, optional)
+    if _ACTIVATION not in entry:
+        return _NOT_RECORDED
+    doc = entry[_ACTIVATION]
+    if doc is None:
+        return None
+    if not isinstance(doc, dict):
+        raise _error(
+            path, f"{where}: field 'activation' must be a scheme object or null, got {doc!r}"
+        )
+    scheme = _scheme_from_json(doc, f"{where} activation", path)
+    if not hasattr(scheme, "axis"):
+        return scheme
+    if scheme.axis != _ACTIVATION_RANK - 1:
+        raise _error(
+            path,
+            f"{where} activation: axis {scheme.axis} is not K: an activation (M, K) is "
+            f"quantized along its last axis, stored as {_ACTIVATION_RANK - 1} (spec §9)",
+        )
+    return dataclasses.replace(scheme, axis=-1)
+
+
+def _qtensor_from_entry(name: str, entry, arrays: dict, path) -> "_qtensor.QTensor":
+    """Rebuild QTensor `name` (entry checked by `_entry_activation`), taking its component
+    arrays out of `arrays`."""
+    where = f"QTensor {name!r}"
     scheme = _scheme_from_json(entry["scheme"], where, path)
     shape = entry["shape"]
     if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape):
@@ -486,11 +594,11 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_keys(doc: dict, expected, where: str, path) -> None:
+def _check_keys(doc: dict, expected, where: str, path, optional=()) -> None:
     missing = [k for k in expected if k not in doc]
     if missing:
         raise _error(path, f"{where}: missing field {missing[0]!r}")
-    unknown = sorted(set(doc) - set(expected))
+    unknown = sorted(set(doc) - set(expected) - set(optional))
     if unknown:  # an unknown field may change the meaning; refuse rather than guess
         raise _error(path, f"{where}: unknown field {unknown[0]!r}")
 

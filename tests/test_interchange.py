@@ -454,9 +454,10 @@ def q_file(tmp_path):
 
 
 def test_newer_lowp_format_is_refused(q_file):
-    _edit_lowp_metadata(q_file, lambda doc: doc.update(lowp_format=2))
-    with pytest.raises(ValueError, match=r"written by a newer lowp \(lowp_format 2\)"):
-        lowp.load(q_file)
+    _edit_lowp_metadata(q_file, lambda doc: doc.update(lowp_format=3))
+    for read in (lowp.load, lowp.load_activations):
+        with pytest.raises(ValueError, match=r"written by a newer lowp \(lowp_format 3\)"):
+            read(q_file)
 
 
 def test_codes_shape_disagreeing_with_the_scheme_is_refused(q_file):
@@ -586,3 +587,97 @@ def test_read_arrays_refuses_a_file_that_is_not_an_npz(tmp_path):
     path.write_bytes(b"not a zip at all")
     with pytest.raises(ValueError, match="not a .npz file"):
         lowp.read_arrays(path)
+
+
+# --- Activation schemes (lowp_format 2) ---
+
+ACTIVATIONS = [lowp.InferenceConfig.from_name(n).activation for n in lowp.InferenceConfig.names()]
+
+
+def test_activations_round_trip_recorded_none_or_absent(tmp_path):
+    """Every preset's activation (and None: weight-only) comes back as saved; a QTensor
+    saved without one is absent from load_activations, and load is unchanged by them."""
+    q = lowp.quantize(_input((4, 64), nan=False), lowp.MXScaling())
+    tensors = {f"w{i}": q for i in range(len(ACTIVATIONS) + 1)}
+    activations = {f"w{i}": a for i, a in enumerate(ACTIVATIONS)}  # the last w: nothing
+    path = tmp_path / "a.safetensors"
+    lowp.save(path, {**tensors, "b": np.ones(2, np.float32)}, activations=activations)
+    assert lowp.load_activations(path) == activations
+    assert None in activations.values()
+    for name in tensors:
+        _assert_same_qtensor(lowp.load(path)[name], q)
+    doc = json.loads(_raw_header(path)[1]["__metadata__"]["lowp"])
+    assert doc["lowp_format"] == 2
+    stored = {n: e.get("activation", "absent") for n, e in doc["tensors"].items()}
+    assert stored["w1"] == {"kind": "AxisScaling", "fmt": "float8_e4m3fn", "axis": 1, "pow2": False}
+    assert stored["w2"] is None and stored[f"w{len(ACTIVATIONS)}"] == "absent"
+
+
+def test_a_file_without_activations_stays_lowp_format_1(q_file, tmp_path):
+    """What older lowp reads: no activation recorded, no new version."""
+    assert json.loads(_raw_header(q_file)[1]["__metadata__"]["lowp"])["lowp_format"] == 1
+    assert lowp.load_activations(q_file) == {}
+    plain = tmp_path / "plain.safetensors"
+    lowp.save(plain, {"x": np.ones(2, np.float32)})
+    assert lowp.load_activations(plain) == {}
+
+
+def test_save_refuses_activations_it_cannot_record(tmp_path):
+    q = lowp.quantize(_input((4, 64)), lowp.MXScaling())
+    path = tmp_path / "a.safetensors"
+    bad = [
+        ({"v": None}, ValueError, "activations\\['v'\\]: no QTensor of that name"),
+        ({"b": None}, ValueError, "activations\\['b'\\]: no QTensor of that name"),
+        ({"w": lowp.AxisScaling(axis=0)}, ValueError, "quantized along K.*axis=-1"),
+        ({"w": lowp.MXScaling(axis=1)}, ValueError, "quantized along K.*axis=-1"),
+        ({"w": "mxfp8"}, TypeError, "activations\\['w'\\]: cannot save 'mxfp8'"),
+        ([("w", None)], TypeError, "activations must be a dict"),
+    ]
+    for activations, error, message in bad:
+        with pytest.raises(error, match=message):
+            lowp.save(path, {"w": q, "b": np.ones(2, np.float32)}, activations=activations)
+    assert not path.exists()
+
+
+@pytest.fixture
+def activation_file(tmp_path):
+    path = tmp_path / "act.safetensors"
+    q = lowp.quantize(_input((4, 64)), lowp.MXScaling())
+    lowp.save(path, {"w": q}, activations={"w": lowp.MXScaling(mode="rceil")})
+    return path
+
+
+MALFORMED_ACTIVATIONS = [
+    ("value", 3, "QTensor 'w': field 'activation' must be a scheme object or null, got 3"),
+    ("value", "MXScaling", "QTensor 'w': field 'activation' must be a scheme object or null"),
+    ("kind", "Int4Scaling", "QTensor 'w' activation: unknown scheme kind 'Int4Scaling'"),
+    ("mode", 3, "QTensor 'w' activation: scheme field 'mode' must be str"),
+    ("mode", _DELETE, "QTensor 'w' activation scheme: missing field 'mode'"),
+    ("axis", -1, "QTensor 'w' activation: .*'axis' must be stored normalised"),
+    ("axis", 0, "QTensor 'w' activation: axis 0 is not K"),
+    ("fmt", "float8_e4m3", "QTensor 'w' activation: invalid scheme"),
+    ("version", 1, "QTensor 'w': unknown field 'activation'"),  # not in a version-1 file
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"), MALFORMED_ACTIVATIONS, ids=[f for f, *_ in MALFORMED_ACTIVATIONS]
+)
+def test_malformed_activation_is_refused_naming_file_and_tensor(
+    activation_file, field, value, message
+):
+    def edit(doc):
+        entry = doc["tensors"]["w"]
+        if field == "version":
+            doc["lowp_format"] = value
+        elif field == "value":
+            entry["activation"] = value
+        elif value is _DELETE:
+            del entry["activation"][field]
+        else:
+            entry["activation"][field] = value
+
+    _edit_lowp_metadata(activation_file, edit)
+    for read in (lowp.load, lowp.load_activations):  # load refuses it too
+        with pytest.raises(ValueError, match=r"act\.safetensors: " + message):
+            read(activation_file)
