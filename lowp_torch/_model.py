@@ -141,19 +141,21 @@ def _quantize_weight(module: nn.Linear, config, linear) -> _qtensor.QuantizedTen
 def save_quantized(model: nn.Module, path) -> None:
     """Write `model.state_dict()` to a lowp interchange file (spec §9) with `lowp.save`.
 
-    Quantized weights become QTensors under their parameter names ("fc1.weight");
-    every other parameter and persistent buffer is a plain array of its dtype
+    Quantized weights become QTensors under their parameter names ("fc1.weight"), each
+    with the activation scheme its layer quantizes inputs with (`LinearConfig.activation`;
+    None, weight-only, for a weight without a LinearConfig), so `load_quantized` needs no
+    config. Every other parameter and persistent buffer is a plain array of its dtype
     (bfloat16 included). The file loads in `lowp`, `lowp_jax` and `load_quantized`.
-    The activation scheme is not part of the format: pass the config to
-    `load_quantized`.
     """
-    tensors = {}
+    tensors, activations = {}, {}
     for name, t in model.state_dict().items():
         if isinstance(t, _qtensor.QuantizedTensor):
             tensors[name] = _convert.to_lowp(t)
+            linear = _qtensor.linear_of(t)
+            activations[name] = None if linear is None else linear.activation
         else:
             tensors[name] = _to_numpy(t)
-    lowp.save(path, tensors)
+    lowp.save(path, tensors, activations=activations)
 
 
 def load_quantized(
@@ -174,16 +176,31 @@ def load_quantized(
     same name (dtype and shape must match). The file and the model must hold the same
     names.
 
-    The interchange file records the weights, not how inputs were quantized. The
-    activation scheme comes from `config` if given (whose weight scheme must then
-    match the file's); else from the weight already in place, if `model` was
-    quantized with `quantize_`; else there is none and the layer is weight-only.
+    Each layer's activation scheme (how its input is quantized at each call) is the
+    file's, where the file records one (`lowp.load_activations`); `config`, or a model
+    already quantized with `quantize_`, must then agree with it. Where the file records
+    none (a file written before lowp_format 2, or by `lowp.save` without
+    `activations=`) it comes from `config` (whose weight scheme must match the file's),
+    else from the weight already in place; else the layer is weight-only, and a
+    WARNING on the "lowp_torch" logger names those layers.
 
     Returns:
       `model`.
+
+    Raises:
+      ValueError: naming the layer, for names, shapes or dtypes that differ between the
+        file and the model, a weight scheme other than `config.weight`, or an activation
+        scheme the file records that differs from `config.activation` or from the one
+        the model's layer already has (both schemes named). The model is left as it was.
+
+    >>> import os, tempfile, torch, lowp_torch
+    >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+    >>> lowp_torch.save_quantized(lowp_torch.quantize_(torch.nn.Linear(64, 8), "mxfp8"), path)
+    >>> lowp_torch.load_quantized(torch.nn.Linear(64, 8), path).weight.linear.activation
+    MXScaling(fmt='float8_e4m3fn', block=32, mode='rceil', axis=-1)
     """
     config = None if config is None else _inference_config(config)
-    stored = lowp.load(path)
+    stored, recorded = lowp.load(path), lowp.load_activations(path)
     state = model.state_dict(keep_vars=True)
     missing, unexpected = sorted(set(state) - set(stored)), sorted(set(stored) - set(state))
     if missing or unexpected:
@@ -191,6 +208,8 @@ def load_quantized(
             f"load_quantized: {path}: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
     modules = dict(model.named_modules())
+    # Checked and converted first, assigned after: an error leaves the model as it was.
+    weights, copies, weight_only = [], [], []
     for name, value in stored.items():
         target = state[name]
         if isinstance(value, lowp.QTensor):
@@ -209,16 +228,20 @@ def load_quantized(
                 raise ValueError(
                     f"load_quantized: {name!r} was saved with {value.scheme}, not {config.weight}"
                 )
-            if config is not None:
-                activation = config.activation
-            elif isinstance(target, _qtensor.QuantizedTensor) and target.linear is not None:
-                activation = target.linear.activation
-            else:
+            activation = _loaded_activation(name, recorded, config, target, path)
+            if activation is _UNRECORDED:
                 activation = None
-                _log.debug(f"load_quantized: {name}: no activation scheme given, weight-only")
+                weight_only.append(name)
+            if activation is not None:  # a hand-made file may not suit the layer's inputs
+                try:
+                    activation.check_shape((1, module.in_features))
+                except ValueError as e:
+                    raise ValueError(
+                        f"load_quantized: {name!r}: activation {activation}: {e}"
+                    ) from e
             linear = _config.LinearConfig(activation, kernel, fast_accum, pad_to_16, strict, name)
             q = _qtensor.replace(_convert.from_lowp(value, device=target.device), linear=linear)
-            module.weight = nn.Parameter(q, requires_grad=False)
+            weights.append((module, q))
         else:
             if isinstance(target, _qtensor.QuantizedTensor):
                 raise TypeError(
@@ -230,9 +253,50 @@ def load_quantized(
                     f"load_quantized: {name!r} is {t.dtype}{list(t.shape)} in the file, "
                     f"{target.dtype}{list(target.shape)} in the model"
                 )
-            with torch.no_grad():
-                target.copy_(t)
+            copies.append((target, t))
+    if weight_only:
+        _log.logger.warning(
+            f"load_quantized: {path} records no activation scheme and no config was given: "
+            f"{len(weight_only)} layer(s) run weight-only (inputs not quantized): "
+            f"{', '.join(weight_only[:5])}{', ...' if len(weight_only) > 5 else ''}. Pass "
+            "config= to quantize their inputs."
+        )
+    for module, q in weights:
+        module.weight = nn.Parameter(q, requires_grad=False)
+    with torch.no_grad():
+        for target, t in copies:
+            target.copy_(t)
     return model
+
+
+_UNRECORDED = object()
+
+
+def _loaded_activation(name, recorded: dict, config, target, path):
+    """Layer `name`'s activation scheme as `load_quantized` documents it; _UNRECORDED where
+    neither the file, `config` nor the model says."""
+    linear = _qtensor.linear_of(target) if isinstance(target, _qtensor.QuantizedTensor) else None
+    if name not in recorded:
+        if config is not None:
+            return config.activation
+        return _UNRECORDED if linear is None else linear.activation
+    in_file = recorded[name]
+    if config is not None and config.activation != in_file:
+        raise ValueError(
+            f"load_quantized: {name!r}: {path} records activation {_describe(in_file)}, "
+            f"config.activation is {_describe(config.activation)}"
+        )
+    if linear is not None and linear.activation != in_file:
+        raise ValueError(
+            f"load_quantized: {name!r}: {path} records activation {_describe(in_file)}, the "
+            f"model's layer quantizes its input with {_describe(linear.activation)}; load into "
+            "the float model (the file's scheme is used) or pass the file's config"
+        )
+    return in_file
+
+
+def _describe(activation) -> str:
+    return "None (weight-only)" if activation is None else str(activation)
 
 
 def to_inference(

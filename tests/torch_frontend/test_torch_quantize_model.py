@@ -106,17 +106,62 @@ def test_save_and_load_quantized_round_trip(preset, tmp_path):
     assert torch.equal(fresh(x), model(x))
 
 
-def test_load_quantized_without_config_is_weight_only_or_keeps_the_models(tmp_path):
-    model = lowp_torch.quantize_(_model(), "float8_rowwise")
+@pytest.mark.parametrize("preset", ["float8_rowwise", "float8_weight_only"])
+def test_load_quantized_without_config_takes_the_files_activation(preset, tmp_path):
+    """The file records each layer's activation scheme: a fresh float model gets the
+    LinearConfig quantize_ gave, and computes the same outputs bit for bit."""
+    model = lowp_torch.quantize_(_model(), preset)
     path = tmp_path / "m.safetensors"
     lowp_torch.save_quantized(model, path)
     fresh = lowp_torch.load_quantized(_model(seed=3), path)
-    assert fresh[0].weight.linear.activation is None  # the file holds no activation scheme
-    requantized = lowp_torch.quantize_(_model(seed=3), "float8_rowwise")
-    lowp_torch.load_quantized(requantized, path)
-    assert requantized[0].weight.linear.activation == lowp.AxisScaling()
+    for name in ("0.weight", "2.weight"):
+        assert fresh.get_parameter(name).linear == model.get_parameter(name).linear
+    x = _input(INPUT_SHAPES["rank3"])
+    with torch.no_grad():
+        assert torch.equal(fresh(x).view(torch.int32), model(x).view(torch.int32))
+
+
+def test_load_quantized_refuses_an_activation_other_than_the_files(tmp_path):
+    model = lowp_torch.quantize_(_model(), "float8_rowwise")
+    path = tmp_path / "m.safetensors"
+    lowp_torch.save_quantized(model, path)
+    target = _model()
+    # float8_weight_only has rowwise's weight scheme: only the activation differs.
+    with pytest.raises(
+        ValueError,
+        match=r"'0\.weight': .*m\.safetensors records activation AxisScaling\(.*\), "
+        r"config\.activation is None \(weight-only\)",
+    ):
+        lowp_torch.load_quantized(target, path, "float8_weight_only")
+    assert not isinstance(target[0].weight, lowp_torch.QuantizedTensor)  # left as it was
+    with pytest.raises(
+        ValueError, match=r"the model's layer quantizes its input with None \(weight-only\)"
+    ):
+        lowp_torch.load_quantized(lowp_torch.quantize_(_model(), "float8_weight_only"), path)
     with pytest.raises(ValueError, match="saved with AxisScaling.*not MXScaling"):
         lowp_torch.load_quantized(_model(), path, "mxfp8")
+
+
+def test_load_quantized_warns_when_nothing_says_how_to_quantize_inputs(tmp_path, caplog):
+    """A file that records no activation (as before lowp_format 2): the config or the
+    model's own LinearConfig decides, silently; with neither the layers are weight-only,
+    and a warning names them."""
+    model = lowp_torch.quantize_(_model(), "float8_rowwise")
+    path = tmp_path / "m.safetensors"
+    lowp_torch.save_quantized(model, path)
+    lowp.save(path, lowp.load(path))  # the same tensors, no activations recorded
+    with caplog.at_level(logging.WARNING, logger="lowp_torch"):
+        fresh = lowp_torch.load_quantized(_model(seed=3), path)
+    assert fresh[0].weight.linear.activation is None
+    assert "2 layer(s) run weight-only (inputs not quantized): 0.weight, 2.weight" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lowp_torch"):
+        requantized = lowp_torch.quantize_(_model(seed=3), "float8_rowwise")
+        lowp_torch.load_quantized(requantized, path)
+        given = lowp_torch.load_quantized(_model(), path, "float8_rowwise")
+    assert requantized[0].weight.linear.activation == lowp.AxisScaling()
+    assert given[0].weight.linear.activation == lowp.AxisScaling()
+    assert not caplog.records
 
 
 def test_state_dict_through_torch_save_weights_only():
