@@ -74,7 +74,7 @@ def use_triton(t, scheme, *, rounding, random_bits, seed, offset, check_finite, 
     Logs the choice at debug level; ValueError under `cast_kernels("triton")` where
     they cannot run.
     """
-    if isinstance(t, torch.Tensor) and _storage._traced(t):
+    if isinstance(t, torch.Tensor) and _storage.traced(t):
         return False  # compiled code: Inductor fuses the torch ops itself
     mode = _MODE.get()
     if mode == "torch":

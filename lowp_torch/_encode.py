@@ -14,9 +14,23 @@ and their values decoded the same way.
 import torch
 
 from lowp import _formats
-from lowp_torch import _bits
+from lowp_torch import _bits, _storage
 
 _NATIVE_FLOAT8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+
+
+def _native_float8(t: torch.Tensor, fmt: _formats.Format) -> torch.dtype | None:
+    """The torch dtype to cast through for `fmt`, where that cast is exact; else None.
+
+    Eagerly the cast is c10's on CPU and CUDA alike. Under torch.compile, Inductor's C++
+    code calls the same c10 conversion on the CPU, and its Triton code on a GPU is
+    Triton's conversion, the direct `cvt.rn.satfinite.*.f32` only on sm_90+ (on sm_89 it
+    rounds to f16 first; below that e4m3 does not compile): elsewhere the integer port.
+    """
+    native = _NATIVE_FLOAT8.get(fmt.name)
+    if native is None or not t.is_cuda or not _storage.traced(t):
+        return native
+    return native if torch.cuda.get_device_capability(t.device) >= (9, 0) else None
 
 
 def encode(v: torch.Tensor, fmt: _formats.Format) -> torch.Tensor:
@@ -25,7 +39,7 @@ def encode(v: torch.Tensor, fmt: _formats.Format) -> torch.Tensor:
     `v` must be finite with |v| <= fmt.max (callers clamp first). Element subnormals
     are produced, float32 subnormals round to a signed zero, the sign bit is kept.
     """
-    native = _NATIVE_FLOAT8.get(fmt.name)
+    native = _native_float8(v, fmt)
     if native is not None:
         return v.to(native).view(torch.uint8)
     b = _bits.bits(v)
@@ -57,7 +71,7 @@ def decode(codes: torch.Tensor, fmt: _formats.Format) -> torch.Tensor:
     NaN codes give the canonical NaN 0x7FC00000 (as `lowp.decode`), e5m2's Inf codes
     give ±Inf. Every value is exact in float32 and normal there.
     """
-    native = _NATIVE_FLOAT8.get(fmt.name)
+    native = _native_float8(codes, fmt)
     if native is not None:  # every float8 value is a float32 one: the cast is exact
         if codes.dtype != native:  # uint8 codes, or wider integers holding one code each
             codes = (codes if codes.dtype == torch.uint8 else codes.to(torch.uint8)).view(native)

@@ -5,9 +5,11 @@ Each scheme's algorithm is written out in one branch, in the order of spec §3 a
 (spec §0): integer ops on float32 bits for every max, exponent, flush and code;
 float32 products each rounded once, none feeding an inexact add (so a contracted FMA
 changes nothing); divisions in float64 rounded once to float32 (`_bits.div_rn32`);
-no float division by a constant (Inductor turns it into a reciprocal multiply); no
-native cast to a low-precision format; shapes and schemes are Python values, so no
-branch depends on data and nothing syncs with the host (except `check_finite=True`).
+no float division by a constant (Inductor turns it into a reciprocal multiply); a
+native float8 cast only of values already clamped, flushed and poisoned, and only where
+it rounds to nearest even in one step (`_encode`), never for float6/float4 or scales
+built from exponents; shapes and schemes are Python values, so no branch depends on
+data and nothing syncs with the host (except `check_finite=True`).
 
 In eager mode on CUDA, `quantize` hands the fp8 tensor, axis and MX schemes to fused
 Triton kernels (`_triton_casts`; `_cast_kernels` says when): the same bytes, at

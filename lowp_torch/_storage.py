@@ -54,12 +54,12 @@ def _(t, dtype):
 def _relabel(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if t.dtype == dtype:
         return t
-    if (t.dtype in _OPAQUE_DTYPES or dtype in _OPAQUE_DTYPES) and _traced(t):
+    if (t.dtype in _OPAQUE_DTYPES or dtype in _OPAQUE_DTYPES) and traced(t):
         return _reinterpret_bytes(t, dtype)
     return t.view(dtype)
 
 
-def _traced(t: torch.Tensor) -> bool:
+def traced(t: torch.Tensor) -> bool:
     """Whether `t` is being traced for a compiled graph. Dynamo's flag alone misses the
     AOTAutograd trace of a tensor subclass's __torch_dispatch__ on torch 2.11 (there
     the tensors are fake, the flag is off, and Inductor later met a raw e8m0 buffer)."""

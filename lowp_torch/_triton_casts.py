@@ -138,18 +138,32 @@ def _on_device(x):
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
-def _native() -> bool:
-    """Whether the kernels may use Triton's fp8 conversion (see `_triton_kernels`)."""
-    return not triton.knobs.runtime.interpret
+def _native(x) -> bool:
+    """Whether the kernels may use Triton's fp8 conversion (see `_triton_kernels`): on
+    sm_90+ only, where Triton 3.6 emits the direct `cvt.rn.satfinite.*.f32`. On sm_89 it
+    goes through `cvt.rz.f16.f32` first (a second rounding: half the ties of a sweep came
+    out wrong when that PTX was simulated), below sm_89 it rounds e5m2 ties up and has no
+    e4m3 at all; and the CPU interpreter's emulation is not ties-to-even. Everywhere but
+    sm_90+ the kernels use the integer encoder."""
+    if triton.knobs.runtime.interpret or not x.is_cuda:
+        return False
+    return native_cast_exact(torch.cuda.get_device_capability(x.device))
 
 
-def _element_args(fmt) -> dict:
+def native_cast_exact(capability: tuple[int, int]) -> bool:
+    """Whether Triton's fp8 conversion on a GPU of this compute capability is the one
+    round-to-nearest-even `cvt.rn.satfinite.*.f32` (checked in the compiled PTX by the
+    tests, for sm_80, sm_89 and sm_90)."""
+    return tuple(capability) >= (9, 0)
+
+
+def _element_args(fmt, x) -> dict:
     return {
         "FMT_MAX": fmt.max,
         "EBITS": fmt.ebits,
         "MBITS": fmt.mbits,
         "BIAS": fmt.bias,
-        "NATIVE": _native(),
+        "NATIVE": _native(x),
     }
 
 
@@ -188,7 +202,7 @@ def _tensor(x, fmt, pow2):
         POW2=pow2,
         BLOCK=_FLAT_BLOCK,
         num_warps=_warps(_FLAT_BLOCK),
-        **_element_args(fmt),
+        **_element_args(fmt, x),
     )
     return codes, scale
 
@@ -211,7 +225,7 @@ def _axis_rows(x, rows, cols, fmt, pow2):
         BLOCK_K=block_k,
         CHUNKS=max(1, triton.cdiv(cols, block_k)),
         num_warps=_warps(block_m * block_k),
-        **_element_args(fmt),
+        **_element_args(fmt, x),
     )
     return codes, scale
 
@@ -261,7 +275,7 @@ def _axis_2d(x, view, fmt, pow2, rows: bool, cols: bool):
             POW2=pow2,
             num_warps=warps,
             **common,
-            **_element_args(fmt),
+            **_element_args(fmt, x),
         )
     return [(row_codes, row_scale) if rows else None, (col_codes, col_scale) if cols else None]
 
@@ -307,6 +321,6 @@ def _mx_2d(x, view, scheme, fmt, rows: bool, cols: bool):
             BLOCK_R=block_r,
             BLOCK_C=block_c,
             num_warps=_warps(block_r * block_c),
-            **_element_args(fmt),
+            **_element_args(fmt, x),
         )
     return [(row_codes, row_scale) if rows else None, (col_codes, col_scale) if cols else None]

@@ -16,11 +16,13 @@ They compute what `lowp/_quantize.py` computes, with the operations spec §0 all
 - the element is clamped to ±max and flushed before it is encoded, and poisoned groups
   (NaN/Inf, spec §6) are replaced by +0 first, so the encoder only ever sees finite
   in-range values. For those, the native round-to-nearest-even conversion
-  (`cvt.rn.satfinite.e4m3x2/e5m2x2.f32` on sm_89+) is exactly E_fmt of spec §2: its
+  (`cvt.rn.satfinite.e4m3x2/e5m2x2.f32`, which Triton 3.6 emits on sm_90+; on sm_89 it
+  rounds to f16 first, so there `NATIVE` is off) is exactly E_fmt of spec §2: its
   saturation never triggers, and its subnormal and tie handling is IEEE's (§0.5 allows
   it). The Triton CPU interpreter's emulation of that cast is not round-to-nearest-even
   (it rounds ties up and drops the carry into the exponent), so under the interpreter
-  the kernels use `_encode_bits`, the integer encoder of spec §2, instead: `NATIVE`.
+  the kernels use `_encode_bits`, the integer encoder of spec §2, instead: `NATIVE`
+  (see `_triton_casts._native`).
 
 Shapes are viewed as (outer, R, C) with C contiguous: groups along C are "rows"
 (AxisScaling / MXScaling along the last axis), groups along R are "columns" (along

@@ -251,7 +251,7 @@ def _interpreter_main(shard: int):
 # sm_90, with the properties spec §0 needs read off the instructions.
 
 
-def _ptx_variants() -> dict:
+def _ptx_variants(native: bool) -> dict:
     """name -> (kernel, signature, constexprs, the fp8 conversion it makes or None,
     whether it divides). Every kernel of `_triton_kernels` appears: compiling them is
     also what catches code the interpreter accepts and Triton does not."""
@@ -259,7 +259,8 @@ def _ptx_variants() -> dict:
     from lowp_torch import _triton_kernels as K
 
     def fmt(name):
-        return {**_triton_casts._element_args(lowp.ELEMENT_FORMATS[name]), "NATIVE": True}
+        args = _triton_casts._element_args(lowp.ELEMENT_FORMATS[name], torch.empty(0))
+        return args | {"NATIVE": native}
 
     flat = {"x_ptr": "*bf16", "amax_ptr": "*i32", "codes_ptr": "*u8", "scale_ptr": "*fp32"}
     rows = {"x_ptr": "*fp16", "codes_ptr": "*u8", "scale_ptr": "*fp32", "rows": "i32"}
@@ -337,23 +338,30 @@ PTX_VARIANTS += ["rows-chunked", "axis-amax-both", "axis-both", "mx-both"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason=NO_TRITON)
+@pytest.mark.parametrize("sm", [80, 89, 90])
 @pytest.mark.parametrize("variant", PTX_VARIANTS)
-def test_sm90_code_divides_exactly_never_contracts_or_flushes(variant):
-    """Compiled for sm_90, the only float arithmetic is `mul.f32` and, for float scales,
-    `div.rn.f32` (IEEE; Triton's `/` would be `div.full.f32`, approximate): no add for
-    a product to be contracted into (no FMA), no `.ftz` flushing anywhere, and the fp8
-    conversion is the round-to-nearest-even `cvt.rn.satfinite` (spec §0.4-§0.6)."""
+def test_compiled_code_divides_exactly_never_contracts_or_flushes(variant, sm):
+    """Compiled for sm_80, sm_89 and sm_90, the only float arithmetic is `mul.f32` and,
+    for float scales, `div.rn.f32` (IEEE; Triton's `/` would be `div.full.f32`,
+    approximate): no add for a product to be contracted into (no FMA), no `.ftz`
+    flushing anywhere. The fp8 conversion, where `native_cast_exact` allows Triton's
+    (sm_90+), is the one round-to-nearest-even `cvt.rn.satfinite.*.f32`; below it (sm_89
+    rounds to f16 first, sm_80 rounds e5m2 ties up) there is no fp8 conversion at all:
+    the integer encoder (spec §0.4-§0.6)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernel, signature, constexprs, fp8, divides = _ptx_variants()[variant]
+    from lowp_torch import _triton_casts
+
+    native = _triton_casts.native_cast_exact(divmod(sm, 10))
+    kernel, signature, constexprs, fp8, divides = _ptx_variants(native)[variant]
     source = ASTSource(
         fn=kernel,
         signature=signature | dict.fromkeys(constexprs, "constexpr"),
         constexprs=constexprs,
     )
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    ptx = triton.compile(source, target=GPUTarget("cuda", sm, 32)).asm["ptx"]
     ops = set(
         re.findall(r"^\s*(?:@%p\d+\s+)?((?:div|rcp|fma|mul|add|sub|cvt)[.\w]*)", ptx, re.MULTILINE)
     )
@@ -363,7 +371,7 @@ def test_sm90_code_divides_exactly_never_contracts_or_flushes(variant):
     assert arithmetic <= {"mul.f32", "div.rn.f32"}, ops
     assert ".ftz" not in ptx
     conversions = {op for op in ops if op.startswith("cvt") and ("e4m3" in op or "e5m2" in op)}
-    assert conversions == ({f"cvt.rn.satfinite.{fp8}x2.f32"} if fp8 else set()), ops
+    assert conversions == ({f"cvt.rn.satfinite.{fp8}x2.f32"} if fp8 and native else set()), ops
     assert ("div.rn.f32" in ops) == divides, ops
 
 
