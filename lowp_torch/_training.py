@@ -258,7 +258,7 @@ class _LinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             dgrad = dgrad_operands(g2, keep_w, recipe, lowering.name)
             if dgrad is None:
-                dx = (g2 @ keep_w.to(g2.dtype)).to(ctx.x_dtype)
+                dx = _high_precision_mm(g2, keep_w.t(), ctx.x_dtype)
             else:
                 dx = _product(*dgrad, recipe.dgrad, ctx.x_dtype, lowering, "dgrad")
             dx = dx.reshape(ctx.x_shape)
@@ -266,9 +266,8 @@ class _LinearFunction(torch.autograd.Function):
             out_dtype = ctx.w_dtype if main_grad is None else torch.float32
             g_kept = _gradient_for_wgrad(g2, dgrad, recipe)
             wgrad = wgrad_operands(g_kept, keep_x, recipe, lowering.name)
-            if wgrad is None:  # high precision; for main_grad, float32 products and sums
-                compute = g2.dtype if main_grad is None else torch.float32
-                dw = (g2.t().to(compute) @ keep_x.to(compute)).to(out_dtype)
+            if wgrad is None:
+                dw = _high_precision_mm(g2.t(), keep_x, out_dtype)
             else:
                 dw = _product(*wgrad, recipe.wgrad, out_dtype, lowering, "wgrad")
             if main_grad is not None:
@@ -277,6 +276,27 @@ class _LinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             db = g2.sum(0)
         return dx, dw, db, None, None, None
+
+
+def _high_precision_mm(a: torch.Tensor, b: torch.Tensor, out_dtype) -> torch.Tensor:
+    """`a @ b` of a GEMM the recipe runs in high precision: float32 products and sums,
+    rounded once to out_dtype, as lowp_jax's (`preferred_element_type=float32`) and as the
+    quantized GEMMs' float32 accumulators. 16-bit operands of one dtype on CUDA take
+    cuBLAS's 16-bit GEMM with a float32 output (`torch.mm(..., out_dtype=)`): the same
+    arithmetic at 16-bit speed; elsewhere the operands are widened (exactly) first."""
+    if (
+        a.is_cuda
+        and a.dtype == b.dtype
+        and a.dtype in (torch.bfloat16, torch.float16)
+        and _MM_TAKES_OUT_DTYPE
+    ):
+        return torch.mm(a, b, out_dtype=torch.float32).to(out_dtype)
+    return torch.mm(a.float(), b.float()).to(out_dtype)
+
+
+# torch.mm(a, b, out_dtype=torch.float32) for 16-bit CUDA operands (the aten::mm.dtype
+# overload, torch >= 2.8).
+_MM_TAKES_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")
 
 
 def _product(a, b, spec, out_dtype, lowering, gemm: str, bias=None) -> torch.Tensor:

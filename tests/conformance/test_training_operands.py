@@ -6,12 +6,14 @@ Both frontends expose the operands their training layers feed the three GEMMs th
 reference `lowp.quantize` of that GEMM's orientation of the high-precision tensor.
 """
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import lowp
 
 torch = pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 import lowp_jax  # noqa: E402
 import lowp_torch  # noqa: E402
@@ -84,3 +86,47 @@ def test_torch_and_jax_quantize_every_training_gemm_operand_to_the_same_bytes(na
             where = f"{name} {dtype} {gemm}.{side}"
             _same_bytes(lowp_torch.to_lowp(t), ref, f"{where} (torch vs numpy)")
             _same_bytes(lowp_jax.to_lowp(j), ref, f"{where} (jax vs numpy)")
+
+
+@pytest.mark.parametrize("name", lowp.Recipe.names())
+def test_mixed_precision_layers_agree_across_frameworks(name):
+    """The layers as users build them, bf16 compute over float32 weights:
+    `lowp_torch.Linear` under bf16 autocast and `lowp_jax.nnx.Linear(dtype=bfloat16)`.
+    Both quantize the float32 weight and the bf16 input, and every GEMM (the
+    high-precision wgrad of the _gw_hp recipes included) accumulates in float32 and
+    rounds once: y (bf16) within one bf16 ulp of each other (the two CPU matmuls sum in
+    different orders), dw (float32) to float32 rounding."""
+    from flax import nnx
+
+    import lowp_jax.nnx
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((64, 128)).astype(np.float32)
+    w = (rng.standard_normal((64, 128)) * 0.05).astype(np.float32)  # (out, in)
+    g = (rng.standard_normal((64, 64)) * 1e-2).astype(np.float32)
+
+    layer = lowp_torch.Linear(128, 64, bias=False, recipe=name)
+    with torch.no_grad():
+        layer.weight.copy_(torch.from_numpy(w))
+    xt = torch.from_numpy(x).requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        yt = layer(xt)
+    yt.backward(torch.from_numpy(g).to(yt.dtype))
+
+    jlayer = lowp_jax.nnx.Linear(
+        128, 64, recipe=name, dtype=jnp.bfloat16, use_bias=False, rngs=nnx.Rngs(0)
+    )
+    jlayer.kernel.set_value(jnp.asarray(w.T))
+    graphdef, state = nnx.split(jlayer)
+    yj, vjp = jax.vjp(lambda s: nnx.merge(graphdef, s)(jnp.asarray(x)), state)
+    (dstate,) = vjp(jnp.asarray(g).astype(jnp.bfloat16))
+    dkj = dstate["kernel"].get_value()
+
+    assert yt.dtype == torch.bfloat16 and yj.dtype == jnp.bfloat16
+    y_torch = yt.detach().float().numpy()
+    y_jax = np.asarray(yj.astype(jnp.float32))
+    ulp = np.spacing(np.abs(y_torch).astype(ml_dtypes.bfloat16)).astype(np.float32)
+    assert np.all(np.abs(y_torch - y_jax) <= ulp), name
+    dw_torch, dw_jax = layer.weight.grad.numpy(), np.asarray(dkj).T
+    assert dw_torch.dtype == dw_jax.dtype == np.float32
+    np.testing.assert_allclose(dw_jax, dw_torch, rtol=0, atol=1e-5 * np.abs(dw_torch).max())
