@@ -110,12 +110,16 @@ def _quantize_kernel(path, kernel, config) -> _qarray.QArray:
         raise type(e)(f"{where}: {e}. Leave it in high precision with filter_fn.") from None
 
 
-def save_quantized(params, path, *, names=None) -> None:
+def save_quantized(params, path, *, names=None, config=None) -> None:
     """Write a parameter tree to a lowp interchange file (spec §9) with `lowp.save`.
 
     QArray kernels become QTensors (codes and scales (out, in), bytes unchanged);
     high-precision kernels are written transposed, (out, in), as spec §9 stores linear
     weights; every other leaf is a plain array of its dtype (bfloat16 included).
+
+    A tree does not know how its layers quantize their inputs (that is the module's
+    `QuantizedDotGeneral` config): pass `config` to record it, as `lowp_torch`
+    records its layers', so that `lowp_torch.load_quantized` needs no config.
 
     Args:
       params: an nnx State or linen params dict, quantized or not.
@@ -123,23 +127,35 @@ def save_quantized(params, path, *, names=None) -> None:
       names: `names(path) -> str`, the tensor name of each leaf; default the path's
         keys joined by '.'. For a file another framework reads, use its parameter names:
         `lowp_jax.models.minilm.kernel_name` gives the checkpoint's (torch) names.
+      config: the `lowp.InferenceConfig` or preset name the QArray kernels were
+        quantized with; its `activation` (None: weight-only) is recorded for each of
+        them. Default: nothing recorded.
+
+    Raises:
+      ValueError: two leaves with one name, or a QArray kernel whose scheme is not
+        `config.weight` (naming it).
     """
+    config = None if config is None else _quantized_dot.as_config(config)
     items, _ = _flatten(params)
-    tensors = {}
+    tensors, activations = {}, {}
     for leaf_path, value in items:
         name = _name(leaf_path, names)
         if name in tensors:
             raise ValueError(f"save_quantized: two leaves are named {name!r}")
         if isinstance(value, _qarray.QArray):
             tensors[name] = _qarray.to_lowp(value)
+            if config is not None:
+                what = f"save_quantized: {name!r} was quantized with"
+                _check_weight_scheme(what, tensors[name].scheme, config)
+                activations[name] = config.activation
         elif is_kernel(leaf_path, value):
             tensors[name] = np.ascontiguousarray(_numpy(value, name).T)
         else:
             tensors[name] = _numpy(value, name)
-    lowp.save(path, tensors)
+    lowp.save(path, tensors, activations=activations)
 
 
-def load_quantized(path, like, *, names=None):
+def load_quantized(path, like, *, names=None, config=None):
     """Read a lowp interchange file into a parameter tree shaped like `like`.
 
     Every leaf of `like` is looked up by name (as `save_quantized` names it). A QTensor
@@ -149,21 +165,44 @@ def load_quantized(path, like, *, names=None):
     they are. A file written by `lowp_torch.save_quantized` (weights (out, in) under
     torch's names) loads into the flax twin with the twin's `names`.
 
+    The tree holds no activation scheme: the module that runs it does
+    (`lowp_jax.nnx.quantize_model(model, config)`, `QuantizedDotGeneral(config)`). Pass
+    that `config` here to check it against the file; `lowp.load_activations(path)` gives
+    what the file records, to build the twin from.
+
     Args:
       path: the file.
       like: the tree to fill (nnx State or linen params dict), high-precision or
         quantized: it gives names, shapes and dtypes, not values.
       names: as for `save_quantized`.
+      config: optional `lowp.InferenceConfig` or preset name the model runs these
+        parameters with: each QTensor's scheme must be `config.weight`, and an activation
+        scheme the file records must be `config.activation`.
 
     Returns:
       A tree of the same kind, with the file's values. For nnx, `nnx.update(model, it)`
       puts it into the model.
 
     Raises:
-      ValueError: a leaf the file lacks, a file tensor no leaf takes, or a shape or
-        dtype that differs from `like`'s, naming the tensor.
+      ValueError: a leaf the file lacks, a file tensor no leaf takes, a shape or dtype
+        that differs from `like`'s, or a scheme that differs from `config`'s, naming
+        the tensor (and both schemes).
     """
+    config = None if config is None else _quantized_dot.as_config(config)
+    if config is not None:  # the header first: a mismatch is found before the tensors load
+        for name, activation in lowp.load_activations(path).items():
+            if activation != config.activation:
+                raise ValueError(
+                    f"load_quantized: {name!r}: {path} records activation "
+                    f"{_describe(activation)}, config.activation is "
+                    f"{_describe(config.activation)}"
+                )
     stored = lowp.load(path)
+    if config is not None:
+        for name, value in stored.items():
+            if isinstance(value, lowp.QTensor):
+                what = f"load_quantized: {name!r} is stored in {path} with"
+                _check_weight_scheme(what, value.scheme, config)
     items, rebuild = _flatten(like)
     values, used = [], set()
     for leaf_path, ref in items:
@@ -176,6 +215,15 @@ def load_quantized(path, like, *, names=None):
     if unexpected:
         raise ValueError(f"load_quantized: {path} has tensors the tree lacks: {unexpected[:5]}")
     return rebuild(values)
+
+
+def _check_weight_scheme(what: str, scheme, config) -> None:
+    if scheme != config.weight:
+        raise ValueError(f"{what} {scheme}, not config.weight = {config.weight}")
+
+
+def _describe(activation) -> str:
+    return "None (weight-only)" if activation is None else str(activation)
 
 
 def _loaded_leaf(name, leaf_path, value, ref, path):

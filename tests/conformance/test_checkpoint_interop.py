@@ -7,9 +7,12 @@ framework, saved, and loaded in the other, for every inference preset.
   scales and dequantized weights bit-identical to the torch model's and to a fresh
   `lowp_jax.quantize_params`, every other parameter unchanged, and the loaded twin
   computes exactly what the JAX-quantized one does.
-- The reverse, `lowp_jax.save_quantized` -> `lowp_torch.load_quantized`.
+- The reverse, `lowp_jax.save_quantized` (given the preset, whose activation scheme it
+  records) -> `lowp_torch.load_quantized` into a float model with no config: the file's
+  activation scheme is the one quantize_ gives, and the outputs are quantize_'s.
 - Either file loads in plain NumPy with `lowp.load`, and the two files hold the same
-  tensors and metadata.
+  tensors and metadata, activation schemes included.
+- A config that disagrees with the file is refused, naming the tensor.
 
 The flax twin's parameters map to the checkpoint's (torch) names through
 `lowp_jax.models.minilm.kernel_name`; kernels are (in, out) in flax and (out, in) in the
@@ -61,12 +64,16 @@ DEQUANTIZED = (
 # --- Each framework's quantized weights, by checkpoint name, as NumPy QTensors ----------
 
 
-def torch_weights(model) -> dict[str, lowp.QTensor]:
-    return {
-        f"{name}.weight": lowp_torch.to_lowp(m.weight)
+def _quantized_weights(model):
+    return [
+        (name, m.weight)
         for name, m in model.named_modules()
         if isinstance(m, torch.nn.Linear) and isinstance(m.weight, lowp_torch.QuantizedTensor)
-    }
+    ]
+
+
+def torch_weights(model) -> dict[str, lowp.QTensor]:
+    return {f"{name}.weight": lowp_torch.to_lowp(w) for name, w in _quantized_weights(model)}
 
 
 def jax_weights(params) -> dict[str, lowp.QTensor]:
@@ -169,7 +176,9 @@ class Quantized:
         self.torch_file = folder / f"{preset}_torch.safetensors"
         self.jax_file = folder / f"{preset}_jax.safetensors"
         lowp_torch.save_quantized(self.torch_model, self.torch_file)
-        lowp_jax.save_quantized(self.jax_params, self.jax_file, names=jax_minilm.kernel_name)
+        lowp_jax.save_quantized(
+            self.jax_params, self.jax_file, names=jax_minilm.kernel_name, config=preset
+        )
         weights = dict(self.torch_model.state_dict())
         self.torch_dequantized = {
             n: _torch_numpy(lowp_torch.dequantize(weights[n])) for n in DEQUANTIZED
@@ -206,7 +215,9 @@ def test_torch_and_jax_quantize_to_the_reference_bytes_without_a_file(quantized)
 
 def test_torch_file_loads_into_the_flax_twin_bit_for_bit(quantized, jax_base, jax_params, encoded):
     preset = quantized.preset
-    loaded = lowp_jax.load_quantized(quantized.torch_file, jax_params, names=jax_minilm.kernel_name)
+    loaded = lowp_jax.load_quantized(
+        quantized.torch_file, jax_params, names=jax_minilm.kernel_name, config=preset
+    )
     loaded_q = jax_weights(loaded)
     assert_same_bytes(loaded_q, torch_weights(quantized.torch_model), f"{preset}: loaded vs torch")
     assert_same_bytes(
@@ -242,7 +253,13 @@ def test_torch_file_loads_into_the_flax_twin_bit_for_bit(quantized, jax_base, ja
 
 def test_jax_file_loads_into_the_torch_model_bit_for_bit(quantized, torch_base, encoded):
     preset = quantized.preset
-    model = lowp_torch.load_quantized(copy.deepcopy(torch_base), quantized.jax_file, preset)
+    # No config: the activation scheme is the one the JAX side recorded.
+    model = lowp_torch.load_quantized(copy.deepcopy(torch_base), quantized.jax_file)
+
+    def linear_configs(m):
+        return {f"{n}.weight": w.linear for n, w in _quantized_weights(m)}
+
+    assert linear_configs(model) == linear_configs(quantized.torch_model), preset
     loaded_q = torch_weights(model)
     assert_same_bytes(loaded_q, jax_weights(quantized.jax_params), f"{preset}: loaded vs jax")
     assert_same_bytes(
@@ -276,6 +293,10 @@ def test_the_two_frameworks_write_the_same_file(quantized):
 
 def test_either_file_loads_in_plain_numpy(quantized):
     preset = quantized.preset
+    activation = lowp.InferenceConfig.from_name(preset).activation
+    for file in (quantized.torch_file, quantized.jax_file):
+        recorded = lowp.load_activations(file)
+        assert len(recorded) == LINEARS and set(recorded.values()) == {activation}, preset
     from_torch, from_jax = lowp.load(quantized.torch_file), lowp.load(quantized.jax_file)
     assert sorted(from_torch) == sorted(from_jax)
     stored = {n: v for n, v in from_torch.items() if isinstance(v, lowp.QTensor)}
@@ -294,3 +315,30 @@ def test_either_file_loads_in_plain_numpy(quantized):
         if not isinstance(value, lowp.QTensor):
             assert_same_bits(value, checkpoint[name], f"{preset}: plain {name}")
             assert_same_bits(from_jax[name], checkpoint[name], f"{preset}: plain {name} (jax file)")
+
+
+def test_a_config_that_disagrees_with_the_file_is_refused(quantized, torch_base, jax_params):
+    """The weight scheme the file's, the activation not (or the reverse): each framework
+    names the tensor and both schemes."""
+    preset, names = quantized.preset, jax_minilm.kernel_name
+    config = lowp.InferenceConfig.from_name(preset)
+    other = lowp.AxisScaling("float8_e4m3fn") if config.activation is None else None
+    other_activation = lowp.InferenceConfig(config.weight, other)
+    tensor = r"'encoder\.layer\.\d\.[a-z.]+\.weight"  # whichever is checked first
+    message = rf"{tensor}'.*records activation .*, config\.activation is "
+    with pytest.raises(ValueError, match=message):
+        lowp_jax.load_quantized(
+            quantized.torch_file, jax_params, names=names, config=other_activation
+        )
+    with pytest.raises(ValueError, match=message):
+        lowp_torch.load_quantized(copy.deepcopy(torch_base), quantized.jax_file, other_activation)
+    other_weight = lowp.InferenceConfig(lowp.TensorScaling("float8_e5m2"), config.activation)
+    with pytest.raises(ValueError, match=rf"{tensor}' is stored in .* not config\.weight"):
+        lowp_jax.load_quantized(quantized.torch_file, jax_params, names=names, config=other_weight)
+    with pytest.raises(ValueError, match=rf"{tensor}' was quantized with .* not config\.weight"):
+        lowp_jax.save_quantized(
+            quantized.jax_params,
+            quantized.jax_file.with_suffix(".x"),
+            names=names,
+            config=other_weight,
+        )
