@@ -234,7 +234,10 @@ def _device(a, b):
             devices = leaf.devices()
             if len(devices) == 1:
                 return next(iter(devices))
-    return jax.devices()[0]
+    default = jax.config.jax_default_device  # set by `with jax.default_device(...)`
+    if isinstance(default, str):
+        return jax.devices(default)[0]
+    return default if default is not None else jax.devices()[0]
 
 
 def _problem(impl: str, a, b) -> str | None:

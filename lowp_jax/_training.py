@@ -334,7 +334,10 @@ class TrainingDotGeneral:
     The kernel is the high-precision flax kernel (in, out); the forward and both
     backward GEMMs are quantized at each call (`lowp_jax.training_dot_general`). flax's
     Linear/Dense cast the kernel to the layer's `dtype` before calling it, so a bfloat16
-    layer quantizes the bfloat16 copy of its float32 parameters.
+    layer would quantize a bfloat16 copy of its float32 parameters (rounded twice, and
+    not the bytes `lowp_torch.Linear` makes under autocast). Pass
+    `promote_dtype=lowp_jax.nnx.master_weight_promote_dtype` to `nnx.Linear` to quantize
+    the float32 kernel itself, or use `lowp_jax.nnx.Linear(recipe=...)`, which does.
 
     Hashable and a static pytree node (no leaves), like `QuantizedDotGeneral`.
 

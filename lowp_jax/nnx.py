@@ -73,9 +73,8 @@ def master_weight_promote_dtype(args, /, *, dtype=None, inexact=True):
     weight itself (one rounding, not a cast to `dtype` and then another), as
     `lowp_torch.Linear` does under autocast, so both frameworks quantize the same tensor
     to the same bytes; the weight gradient comes back in the parameter dtype."""
-    inputs, kernel, bias = args
     inputs, _, bias = promote_dtype(args, dtype=dtype, inexact=inexact)
-    return inputs, kernel, bias
+    return inputs, args[1], bias
 
 
 def quantize_model(model: nnx.Module, config, filter_fn=None, *, impl: str = "auto"):

@@ -22,14 +22,6 @@ import lowp_jax
 BF16 = jnp.bfloat16
 
 
-def _input_to_bf16(args, /, *, dtype=None, inexact=True):
-    """The promote_dtype of a recipe's layers: cast the input to bf16, keep the float32
-    kernel. lowp_torch.Linear under autocast quantizes the weight from its own float32
-    (one rounding); flax's default would hand the dot a bf16 copy, rounded twice."""
-    x, kernel, bias = args
-    return x.astype(dtype), kernel, bias
-
-
 def _dense(in_features: int, out_features: int, run: str, rngs) -> nnx.Linear:
     """A bias-free projection: bf16 for the baseline, else quantized by the recipe `run`."""
     if run == "bf16":
@@ -40,7 +32,8 @@ def _dense(in_features: int, out_features: int, run: str, rngs) -> nnx.Linear:
         use_bias=False,
         dtype=BF16,
         dot_general=lowp_jax.TrainingDotGeneral(run),
-        promote_dtype=_input_to_bf16,
+        # The float32 kernel itself is quantized, as lowp_torch.Linear does under autocast.
+        promote_dtype=lowp_jax.nnx.master_weight_promote_dtype,
         rngs=rngs,
     )
 
