@@ -84,6 +84,10 @@ def quantize_both(t: torch.Tensor, scheme):
     x along K (forward) and M (wgrad), w along K and N (dgrad), dy along N (dgrad) and
     M (wgrad). The second result is what `lowp_torch._training._transposed` views
     transposed. Same preconditions as `quantize`, plus `t.dim() == 2`.
+
+    Not yet called by the training layer (which quantizes each orientation on its own):
+    wiring it in is issue 7's step after this kernel's H200 bandwidth is measured
+    (`bench/casts.py` times it); until then the tests and the bench are its callers.
     """
     if t.dim() != 2 or _schemes.normalize_axis(scheme.axis, 2, scheme) != 1:
         raise ValueError(
