@@ -17,6 +17,14 @@ does not care about orientation and codes are elementwise, so the bytes are agai
 same; the forward then keeps those codes for the backward instead of the
 high-precision tensor, and the backward skips a quantization.
 
+Where the Triton casts quantize (eager CUDA, `_cast_kernels.use_triton`), a tensor
+whose two GEMMs take the very same AxisScaling or MXScaling scheme (x, w and dy under
+float8_rowwise and mxfp8; w under mxfp8_gw_hp) is quantized both ways from one read
+(`_triton_casts.quantize_both`); its codes along the first axis are those
+`_transposed` would make. The forward keeps them (one byte an element) for the
+backward instead of the high-precision x or w, and the dgrad those of dy for the wgrad
+(`_quantize_and_keep`). The bytes are the same on every path.
+
 Scaling is current (dynamic): every scale comes from the tensor it scales, at the call.
 Nothing carries over between steps, so a run is a function of its parameters,
 optimizer state and data alone, and a checkpoint resumes it exactly.
@@ -28,7 +36,7 @@ import math
 import torch
 
 from lowp import _recipes, _schemes
-from lowp_torch import _gemm, _qtensor, _quantize, _tensor_ops
+from lowp_torch import _cast_kernels, _gemm, _qtensor, _quantize, _tensor_ops
 
 QuantizedTensor = _qtensor.QuantizedTensor
 KERNELS = ("auto", "scaled_mm", "emulated")
@@ -113,38 +121,38 @@ def training_operands(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, recipe)
     check_layer(recipe, w.shape[1], w.shape[0], Lowering())
     check_tokens(recipe, x, Lowering())
     x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-    a, b = forward_operands(x2, w, recipe)
-    keep_x, keep_w = _kept(x2, w, a, b, recipe)
-    dgrad = dgrad_operands(g2, keep_w, recipe)
-    wgrad = wgrad_operands(_gradient_for_wgrad(g2, dgrad, recipe), keep_x, recipe)
+    (a, b), (keep_x, keep_w) = forward_operands(x2, w, recipe)
+    dgrad, keep_g = dgrad_operands(g2, keep_w, recipe)
+    wgrad = wgrad_operands(keep_g, keep_x, recipe)
     return {"forward": (a, b), "dgrad": dgrad, "wgrad": wgrad}
 
 
-def forward_operands(x2, w, recipe, name="linear"):
-    """(a, b) of y = x @ w.T: x (M, K) and w (N, K), quantized along K."""
+def forward_operands(x2, w, recipe, name="linear", dgrad_runs=True, wgrad_runs=True):
+    """(a, b) of y = x @ w.T: x (M, K) and w (N, K), quantized along K; and (keep_x,
+    keep_w), what the wgrad's x.T and the dgrad's w.T take of x and w: codes made now,
+    or the high-precision tensors (`_quantize_and_keep`). `dgrad_runs`, `wgrad_runs`:
+    whether those GEMMs will run, so whether codes made now for them are of any use."""
     spec = recipe.forward
-    return (
-        _quantize.quantize(x2, spec.a, name=f"{name} forward: x"),
-        _quantize.quantize(w, spec.b, name=f"{name} forward: w"),
-    )
+    a, keep_x = _quantize_and_keep(x2, spec.a, recipe.wgrad.b, wgrad_runs, f"{name} forward: x")
+    b, keep_w = _quantize_and_keep(w, spec.b, recipe.dgrad.b, dgrad_runs, f"{name} forward: w")
+    return (a, b), (keep_x, keep_w)
 
 
-def dgrad_operands(g2, w, recipe, name="linear"):
-    """(a, b) of dx = g @ w: g (M, N) and w.T (K, N), quantized along N; None for a
-    high-precision GEMM. `w`: the weight, or the forward's codes of it (`_kept`)."""
+def dgrad_operands(g2, w, recipe, name="linear", wgrad_runs=True):
+    """(a, b) of dx = g @ w: g (M, N) and w.T (K, N), quantized along N, or None for a
+    high-precision GEMM; and keep_g, what the wgrad's dy.T takes of dy: codes made now,
+    or dy itself (`_quantize_and_keep`). `w`: the weight, or the forward's codes of it."""
     spec = recipe.dgrad
     if spec.high_precision:
-        return None
-    return (
-        _quantize.quantize(g2, spec.a, name=f"{name} dgrad: dy"),
-        _transposed(w, spec.b, f"{name} dgrad: w.T"),
-    )
+        return None, g2
+    a, keep_g = _quantize_and_keep(g2, spec.a, recipe.wgrad.a, wgrad_runs, f"{name} dgrad: dy")
+    return (a, _transposed(w, spec.b, f"{name} dgrad: w.T")), keep_g
 
 
 def wgrad_operands(g2, x2, recipe, name="linear"):
     """(a, b) of dw = g.T @ x: g.T (N, M) and x.T (K, M), quantized along the tokens M;
-    None for a high-precision GEMM. `g2`, `x2`: the high-precision tensors, or codes of
-    them `_gradient_for_wgrad` and `_kept` chose."""
+    None for a high-precision GEMM. `g2`, `x2`: the high-precision tensors, or the codes
+    of them that `dgrad_operands` and `forward_operands` kept."""
     spec = recipe.wgrad
     if spec.high_precision:
         return None
@@ -160,19 +168,48 @@ def keeps_codes(backward_scheme, earlier_scheme) -> bool:
     return isinstance(backward_scheme, _schemes.TensorScaling) and backward_scheme == earlier_scheme
 
 
-def _kept(x2, w, a, b, recipe):
-    """What the backward needs of x and w: the forward's codes where `keeps_codes`,
-    else the high-precision tensors."""
-    keep_x = a if keeps_codes(recipe.wgrad.b, recipe.forward.a) else x2
-    keep_w = b if keeps_codes(recipe.dgrad.b, recipe.forward.b) else w
-    return keep_x, keep_w
+def _quantize_and_keep(t, scheme, later_scheme, later_runs: bool, name: str):
+    """(quantize(t, scheme), what a later GEMM that takes t.T quantized with
+    `later_scheme` keeps of t): codes of t made now, which `_transposed` views
+    transposed, else t itself, to be quantized then.
+
+    Codes are made now, the bytes `_transposed(t, later_scheme)` would make, where
+    - the later scheme is tensorwise and the very same (`keeps_codes`): t's codes;
+    - `quantize_both` makes both from one read of t (`_one_read`) and the later GEMM
+      will run: its codes along t's first axis, kept in fp8 instead of t.
+    """
+    if keeps_codes(later_scheme, scheme):
+        q = _quantize.quantize(t, scheme, name=name)
+        return q, q
+    if later_runs and _one_read(t, scheme, later_scheme, name):
+        from lowp_torch import _triton_casts  # imports triton: only when it runs
+
+        return _triton_casts.quantize_both(t, scheme)
+    return _quantize.quantize(t, scheme, name=name), t
 
 
-def _gradient_for_wgrad(g2, dgrad, recipe):
-    """The dgrad's codes of dy where the wgrad `keeps_codes` of them, else dy itself."""
-    if dgrad is not None and keeps_codes(recipe.wgrad.a, recipe.dgrad.a):
-        return dgrad[0]
-    return g2
+def _one_read(t, scheme, later_scheme, name: str) -> bool:
+    """Whether `quantize_both(t, scheme)` gives `quantize(t, scheme)` and the codes of
+    `_transposed(t, later_scheme)`: the later scheme is the same AxisScaling or fp8
+    MXScaling (so along t's first axis it is `quantize_both`'s second, and fp4 would
+    be packed across the wrong axis), and `quantize` takes the Triton casts for t in
+    both orientations (eager, CUDA or the forced interpreter, shapes that suit)."""
+    if later_scheme != scheme or not isinstance(scheme, (_schemes.AxisScaling, _schemes.MXScaling)):
+        return False
+    along_first = _along_first_axis(later_scheme)
+    return along_first is not None and all(
+        _cast_kernels.use_triton(
+            t,
+            s,
+            rounding="nearest",
+            random_bits=None,
+            seed=None,
+            offset=0,
+            check_finite=False,
+            name=name,
+        )
+        for s in (scheme, along_first)
+    )
 
 
 def _transposed(t, scheme, name: str) -> QuantizedTensor:
@@ -185,7 +222,7 @@ def _transposed(t, scheme, name: str) -> QuantizedTensor:
     Inductor CPU codegen assertion for MX blocks (torch 2.13, `try_loop_split`).
     Packed fp4 codes must run along the last axis: those schemes quantize the copy.
     """
-    if isinstance(t, QuantizedTensor):  # codes already made (`keeps_codes`)
+    if isinstance(t, QuantizedTensor):  # codes already made (`_quantize_and_keep`)
         return _tensor_ops.permute(t, [1, 0], op="transpose")
     along_first = _along_first_axis(scheme)
     if along_first is None:
@@ -229,20 +266,25 @@ def linear(
     device_type = x.device.type
     if torch.is_autocast_enabled(device_type):
         x = x.to(torch.get_autocast_dtype(device_type))
-    if torch.is_grad_enabled() and weight.requires_grad:  # else no wgrad GEMM will run
+    grad_enabled = torch.is_grad_enabled()
+    if grad_enabled and weight.requires_grad:  # else no wgrad GEMM will run
         check_tokens(recipe, x, lowering)
     # The emulated GEMMs are float32 matmuls: autocast must not lower them.
     with torch.autocast(device_type, enabled=False):
-        return _LinearFunction.apply(x, weight, bias, main_grad, recipe, lowering)
+        return _LinearFunction.apply(x, weight, bias, main_grad, recipe, lowering, grad_enabled)
 
 
 class _LinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, main_grad, recipe, lowering):
+    def forward(ctx, x, weight, bias, main_grad, recipe, lowering, grad_enabled):
         x2 = x.reshape(-1, x.shape[-1])
-        a, b = forward_operands(x2, weight, recipe, lowering.name)
+        # The forward itself runs without grad, and needs_input_grad ignores no_grad:
+        # `grad_enabled` says whether a backward can follow at all.
+        dgrad_runs = grad_enabled and ctx.needs_input_grad[0]
+        wgrad_runs = grad_enabled and ctx.needs_input_grad[1]
+        (a, b), kept = forward_operands(x2, weight, recipe, lowering.name, dgrad_runs, wgrad_runs)
         y = _product(a, b, recipe.forward, x.dtype, lowering, "forward", bias)
-        ctx.save_for_backward(*_kept(x2, weight, a, b, recipe))
+        ctx.save_for_backward(*kept)
         # main_grad is not a saved tensor: the backward adds into it, and a layer used
         # twice in one step would find the version it saved already bumped.
         ctx.recipe, ctx.lowering, ctx.main_grad = recipe, lowering, main_grad
@@ -254,18 +296,19 @@ class _LinearFunction(torch.autograd.Function):
         keep_x, keep_w = ctx.saved_tensors
         recipe, lowering, main_grad = ctx.recipe, ctx.lowering, ctx.main_grad
         g2 = dy.reshape(-1, dy.shape[-1])
-        dx = dw = db = dgrad = None
-        if ctx.needs_input_grad[0]:
-            dgrad = dgrad_operands(g2, keep_w, recipe, lowering.name)
+        dgrad_runs, wgrad_runs = ctx.needs_input_grad[:2]
+        dx = dw = db = None
+        keep_g = g2
+        if dgrad_runs:
+            dgrad, keep_g = dgrad_operands(g2, keep_w, recipe, lowering.name, wgrad_runs)
             if dgrad is None:
                 dx = _high_precision_mm(g2, keep_w.t(), ctx.x_dtype)
             else:
                 dx = _product(*dgrad, recipe.dgrad, ctx.x_dtype, lowering, "dgrad")
             dx = dx.reshape(ctx.x_shape)
-        if ctx.needs_input_grad[1]:
+        if wgrad_runs:
             out_dtype = ctx.w_dtype if main_grad is None else torch.float32
-            g_kept = _gradient_for_wgrad(g2, dgrad, recipe)
-            wgrad = wgrad_operands(g_kept, keep_x, recipe, lowering.name)
+            wgrad = wgrad_operands(keep_g, keep_x, recipe, lowering.name)
             if wgrad is None:
                 dw = _high_precision_mm(g2.t(), keep_x, out_dtype)
             else:
@@ -275,7 +318,7 @@ class _LinearFunction(torch.autograd.Function):
                 dw = None
         if ctx.needs_input_grad[2]:
             db = g2.sum(0)
-        return dx, dw, db, None, None, None
+        return dx, dw, db, None, None, None, None
 
 
 def _high_precision_mm(a: torch.Tensor, b: torch.Tensor, out_dtype) -> torch.Tensor:

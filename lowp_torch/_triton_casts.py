@@ -85,9 +85,11 @@ def quantize_both(t: torch.Tensor, scheme):
     M (wgrad). The second result is what `lowp_torch._training._transposed` views
     transposed. Same preconditions as `quantize`, plus `t.dim() == 2`.
 
-    Not yet called by the training layer (which quantizes each orientation on its own):
-    wiring it in is issue 7's step after this kernel's H200 bandwidth is measured
-    (`bench/casts.py` times it); until then the tests and the bench are its callers.
+    The training layer calls it (`_training._quantize_and_keep`) where both GEMMs of a
+    tensor take the same scheme and `_cast_kernels.use_triton` admits t with it and
+    with it along axis -2 (float8_rowwise's and mxfp8's x, w and dy; mxfp8_gw_hp's w),
+    and keeps the second result for the backward instead of t. Its H200 bandwidth
+    against two `quantize` calls is `bench/casts.py`'s to measure.
     """
     if t.dim() != 2 or _schemes.normalize_axis(scheme.axis, 2, scheme) != 1:
         raise ValueError(

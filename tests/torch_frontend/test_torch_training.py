@@ -5,13 +5,23 @@ quantize_ with a Recipe, to_inference.
   high-precision tensor, and the autograd Function multiplies exactly those operands;
 - per-GEMM SQNR against high precision at torchao's thresholds, rank-2 and rank-3;
 - exact resume, torch.compile, activation checkpointing, float32 weight-gradient
-  accumulation, training -> inference, and errors that name the layer.
+  accumulation, training -> inference, and errors that name the layer;
+- on the Triton casts (under Triton's CPU interpreter, in a subprocess: see
+  test_triton_casts.py), the layer quantizes x, w and dy both ways from one read
+  (`quantize_both`) exactly where their two schemes are the same, keeps fp8 codes for
+  the backward, and trains to the very bytes of the torch-ops path.
 """
 
 import copy
 import dataclasses
+import importlib.util
 import io
+import json
 import logging
+import os
+import subprocess
+import sys
+import unittest.mock
 
 import ml_dtypes
 import numpy as np
@@ -23,7 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 import lowp
 import lowp_torch
-from lowp_torch import _gemm
+from lowp_torch import _cast_kernels, _gemm, _training
 
 RECIPES = lowp.Recipe.names()
 K, N = 128, 96
@@ -407,6 +417,263 @@ def test_auto_emulates_a_misaligned_gemm_and_names_its_dim(monkeypatch, caplog):
     assert "fc wgrad: K=40 (tokens) is not a multiple of 16" in caplog.text
 
 
+# --- the Triton casts: both orientations from one read (`quantize_both`) ---
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
+ROWWISE = lowp.AxisScaling(E4M3, pow2=True)
+MX = lowp.MXScaling(E4M3, mode="rceil")
+# Recipes whose operands' two schemes differ in one field each, where quantize_both
+# must not run for that tensor: x (forward.a, wgrad.b), w (forward.b, dgrad.b), dy
+# (dgrad.a, wgrad.a).
+MISMATCHED = {
+    # x: pow2 only; w: AxisScaling against MXScaling; dy: element format only.
+    "axis_mismatched": lowp.Recipe(
+        name="axis_mismatched",
+        forward=lowp.GemmSpec(ROWWISE, ROWWISE),
+        dgrad=lowp.GemmSpec(dataclasses.replace(ROWWISE, fmt=E5M2), MX),
+        wgrad=lowp.GemmSpec(ROWWISE, dataclasses.replace(ROWWISE, pow2=False)),
+    ),
+    # x: MX mode only; w and dy (e5m2) match.
+    "mx_mode_mismatched": lowp.Recipe(
+        name="mx_mode_mismatched",
+        forward=lowp.GemmSpec(MX, MX),
+        dgrad=lowp.GemmSpec(dataclasses.replace(MX, fmt=E5M2), MX),
+        wgrad=lowp.GemmSpec(
+            dataclasses.replace(MX, fmt=E5M2), dataclasses.replace(MX, mode="floor")
+        ),
+    ),
+}
+# The tensors quantized both ways in one training step where every GEMM runs, read
+# off spec §8's table: the same AxisScaling/MXScaling scheme in both of a tensor's GEMMs.
+BOTH_WAYS = {
+    "float8_tensorwise": set(),  # tensorwise keeps its forward codes (`keeps_codes`)
+    "float8_rowwise": {"x", "w", "dy"},
+    "float8_rowwise_gw_hp": set(),  # dgrad's w is tensorwise; no wgrad GEMM
+    "mxfp8": {"x", "w", "dy"},
+    "mxfp8_gw_hp": {"w"},  # no wgrad GEMM: x and dy are needed in high precision
+    "axis_mismatched": set(),
+    "mx_mode_mismatched": {"w", "dy"},
+}
+# (recipe, variant): "step" (bfloat16, rank 3, every GEMM), "float32" (rank 2), and
+# steps where a GEMM does not run, so its codes must not be made: "frozen_weight" (no
+# wgrad), "input_without_grad" (no dgrad) and "no_grad" (a forward alone).
+STEP_SHAPE = (2, 32, K)  # M = 64: the MX block divides it, and no two of x, w, dy share a shape
+INTERPRETED = [(r, "step") for r in BOTH_WAYS]
+INTERPRETED += [("float8_rowwise", v) for v in ("float32", "frozen_weight", "input_without_grad")]
+INTERPRETED += [("mxfp8", v) for v in ("float32", "no_grad")]
+
+
+def _recipe_named(name):
+    return MISMATCHED.get(name) or lowp.Recipe.from_name(name)
+
+
+def _expected_both_ways(recipe: str, variant: str) -> set:
+    wanted = set(BOTH_WAYS[recipe])
+    if variant == "frozen_weight":  # no wgrad: x's and dy's columns are of no use
+        wanted -= {"x", "dy"}
+    if variant == "input_without_grad":  # no dgrad: w's columns are of no use, dy needs none
+        wanted -= {"w", "dy"}
+    if variant == "no_grad":
+        wanted = set()
+    return wanted
+
+
+def _describe_saved(t) -> str:
+    """A saved tensor as the tests compare it: its scheme if codes, else 'high precision'."""
+    if isinstance(t, lowp_torch.QuantizedTensor):
+        return repr(t.scheme)
+    return "high precision"
+
+
+def _expected_saved(recipe: str, variant: str) -> list[str]:
+    """[x, w] as the forward saves them: the codes along the first axis where quantized
+    both ways, the forward's codes under tensorwise scaling, else high precision."""
+    spec = _recipe_named(recipe)
+    both = _expected_both_ways(recipe, variant)
+    out = []
+    for name, scheme in (("x", spec.forward.a), ("w", spec.forward.b)):
+        if isinstance(scheme, lowp.TensorScaling):
+            out.append(repr(scheme))
+        elif name in both:
+            out.append(repr(dataclasses.replace(scheme, axis=-2)))
+        else:
+            out.append("high precision")
+    return out
+
+
+def _step_on_both_paths(recipe: str, variant: str, device: str = "cpu") -> dict:
+    """One training step of lowp_torch.Linear under cast_kernels("triton") and under
+    cast_kernels("torch"), and training_operands under both: every difference, which
+    tensors quantize_both quantized, and what the forward saved."""
+    from lowp_torch import _triton_casts
+
+    shape = (64, K) if variant == "float32" else STEP_SHAPE
+    dtype = torch.float32 if variant == "float32" else torch.bfloat16
+    x, w, b, g = (t.to(device) for t in _tensors(shape, dtype, seed=3))
+    names = {(64, K): "x", (N, K): "w", (64, N): "dy"}
+    both_ways = []
+    quantize_both = _triton_casts.quantize_both
+
+    def counted(t, scheme):
+        both_ways.append(names[tuple(t.shape)])
+        return quantize_both(t, scheme)
+
+    results, saved, both_ways_of = {}, {}, {}
+    with unittest.mock.patch.object(_triton_casts, "quantize_both", counted):
+        for mode in ("torch", "triton"):
+            both_ways.clear()
+            layer = _training_layer(_recipe_named(recipe), w, b).to(device)
+            layer.weight.requires_grad_(variant != "frozen_weight")
+            xg = x.clone().requires_grad_(variant != "input_without_grad")
+            with lowp_torch.cast_kernels(mode), torch.set_grad_enabled(variant != "no_grad"):
+                y = layer(xg)
+                if y.grad_fn is not None:
+                    saved[mode] = [_describe_saved(t) for t in y.grad_fn.saved_tensors]
+                    y.backward(g)
+            results[mode] = {"y": y.detach(), "dx": xg.grad, "dw": layer.weight.grad}
+            results[mode]["db"] = layer.bias.grad
+            both_ways_of[mode] = sorted(both_ways)
+            if variant == "step":
+                with lowp_torch.cast_kernels(mode):
+                    results[mode]["operands"] = lowp_torch.training_operands(
+                        x, w, g, _recipe_named(recipe)
+                    )
+    differences = []
+    for key, want in results["torch"].items():
+        got = results["triton"][key]
+        if key == "operands":
+            differences += _operand_differences(got, want)
+        elif (got is None) != (want is None) or (want is not None and not torch.equal(got, want)):
+            differences.append(f"{key} differs")
+    return {
+        "differences": differences,
+        "both_ways": both_ways_of,  # the layer's step (training_operands run later)
+        "saved": saved,
+    }
+
+
+def _operand_differences(got: dict, want: dict) -> list[str]:
+    out = []
+    for gemm, pair in want.items():
+        if pair is None or got[gemm] is None:
+            if (pair is None) != (got[gemm] is None):
+                out.append(f"{gemm}: high precision on one path only")
+            continue
+        for role, q, r in zip("ab", got[gemm], pair):
+            q, r = lowp_torch.to_lowp(q), lowp_torch.to_lowp(r)
+            if not (
+                q.scheme == r.scheme
+                and q.shape == r.shape
+                and q.codes.tobytes() == r.codes.tobytes()
+                and q.scale.tobytes() == r.scale.tobytes()
+            ):
+                out.append(f"training_operands {gemm} {role} differs")
+    return out
+
+
+def _interpreter_main():
+    """The subprocess: run INTERPRETED, print {case id: result} as JSON."""
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    torch.set_num_threads(1)
+    results = {}
+    for recipe, variant in INTERPRETED:
+        try:
+            results[f"{recipe}-{variant}"] = _step_on_both_paths(recipe, variant)
+        except Exception as e:  # noqa: BLE001 - reported per case, the others still run
+            results[f"{recipe}-{variant}"] = {"error": repr(e)}
+    print(json.dumps(results))
+
+
+@pytest.fixture(scope="module")
+def interpreted_steps():
+    """{case id: result} from one interpreter subprocess (TRITON_INTERPRET is read when
+    a kernel is defined, so it cannot be switched on inside this process)."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
+    run = subprocess.run(
+        [sys.executable, os.path.abspath(__file__)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,  # a failure is reported with its stderr, below
+    )
+    if run.returncode != 0:
+        pytest.fail(f"the interpreter run failed:\n{run.stderr[-4000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("recipe, variant", INTERPRETED, ids=[f"{r}-{v}" for r, v in INTERPRETED])
+def test_triton_casts_quantize_both_ways_at_once_and_train_to_the_same_bytes(
+    interpreted_steps, recipe, variant
+):
+    _check_step(interpreted_steps[f"{recipe}-{variant}"], recipe, variant)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and HAS_TRITON), reason="needs CUDA and triton")
+@pytest.mark.parametrize("recipe, variant", INTERPRETED, ids=[f"{r}-{v}" for r, v in INTERPRETED])
+def test_cuda_triton_casts_quantize_both_ways_at_once_and_train_to_the_same_bytes(recipe, variant):
+    _check_step(_step_on_both_paths(recipe, variant, "cuda"), recipe, variant)
+
+
+def _check_step(result: dict, recipe: str, variant: str):
+    """y, dx, dw, db (and training_operands' bytes) on the Triton casts equal the
+    torch-ops path's; quantize_both ran for exactly the tensors whose two schemes are
+    the same AxisScaling/MXScaling and whose later GEMM runs; the forward saved those
+    codes (fp8, along the first axis) instead of the high-precision x or w."""
+    assert "error" not in result, result.get("error")
+    assert not result["differences"], result["differences"]
+    assert result["both_ways"]["torch"] == []
+    triton = result["both_ways"]["triton"]
+    assert set(triton) == _expected_both_ways(recipe, variant)
+    assert len(triton) == len(set(triton))  # each tensor once
+    if variant == "no_grad":
+        assert result["saved"] == {}
+    else:
+        want = _expected_saved(recipe, variant)
+        assert result["saved"]["triton"] == want
+        # Everywhere but the Triton casts, what was saved before quantize_both.
+        assert result["saved"]["torch"] == [
+            s if "axis=-2" not in s else "high precision" for s in want
+        ]
+
+
+@pytest.mark.parametrize(
+    "scheme, later, one_read",
+    [
+        (ROWWISE, ROWWISE, True),
+        (MX, MX, True),
+        (ROWWISE, dataclasses.replace(ROWWISE, pow2=False), False),
+        (ROWWISE, dataclasses.replace(ROWWISE, fmt=E5M2), False),
+        (MX, dataclasses.replace(MX, mode="floor"), False),
+        (MX, dataclasses.replace(MX, block=16), False),
+        (ROWWISE, MX, False),
+        (ROWWISE, None, False),  # the later GEMM runs in high precision
+        (lowp.TensorScaling(), lowp.TensorScaling(), False),  # keeps its codes instead
+        (lowp.MXScaling("float4_e2m1fn"), lowp.MXScaling("float4_e2m1fn"), False),
+    ],
+)
+def test_one_read_only_where_both_schemes_are_the_same(monkeypatch, scheme, later, one_read):
+    """Whatever the cast path, quantize_both's second result serves only a later
+    AxisScaling/MXScaling scheme equal to the first (its codes along t's first axis
+    are then `_transposed`'s); and only where `use_triton` says the casts run."""
+    t = torch.ones(64, 64)
+    monkeypatch.setattr(_cast_kernels, "use_triton", lambda *args, **kwargs: True)
+    assert _training._one_read(t, scheme, later, "t") is one_read
+    monkeypatch.setattr(_cast_kernels, "use_triton", lambda *args, **kwargs: False)
+    assert _training._one_read(t, scheme, later, "t") is False
+
+
+@pytest.mark.parametrize("recipe", ["float8_rowwise", "mxfp8"])
+def test_off_the_triton_casts_the_forward_saves_the_high_precision_tensors(recipe):
+    x, w, b, _ = _tensors(STEP_SHAPE)
+    y = _training_layer(recipe, w, b)(x.requires_grad_())
+    assert [_describe_saved(t) for t in y.grad_fn.saved_tensors] == ["high precision"] * 2
+
+
 # --- the GPU: the fp8 kernels (run where CUDA is; the CPU run skips) ---
 
 
@@ -435,3 +702,7 @@ def test_cuda_training_sqnr_and_kernels(recipe, compiled, caplog):
         for gemm in ("forward", "dgrad", "wgrad"):
             if not getattr(spec, gemm).high_precision:
                 assert f"linear {gemm}: kernel='scaled_mm'" in caplog.text, caplog.text
+
+
+if __name__ == "__main__":
+    _interpreter_main()
