@@ -116,11 +116,16 @@ def _check_finite(x: jax.Array, name: str) -> None:
 
 
 def _encode_elements(v_bits, fmt, random, poisoned_elements) -> jax.Array:
-    """Clamp to +-max, flush, round to codes; code 0 in poisoned groups."""
+    """Clamp to +-max, flush, round to codes; code 0 in poisoned groups.
+
+    Poisoned elements are zeroed before rounding, and +0 rounds to code 0 under both
+    roundings (stochastic rounding never steps up from a zero fraction), so nothing is
+    selected after the encoder: a float8 code then comes straight out of XLA's convert,
+    the form XLA's fp8 GEMM rewriter recognizes in a dequantize pattern (`_dot`).
+    """
     b = _bits.ftz_bits(_bits.min_bits(v_bits, _encode.max_bits(fmt)))
     b = jnp.where(poisoned_elements, np.uint32(0), b)
-    codes = _jax_rounding.round_elements(b, fmt, random)
-    return jnp.where(poisoned_elements, np.uint8(0), codes)
+    return _jax_rounding.round_elements(b, fmt, random)
 
 
 def _float_scales(amax_bits, fmt, pow2: bool) -> tuple[jax.Array, jax.Array]:

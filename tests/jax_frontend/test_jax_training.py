@@ -554,17 +554,19 @@ _FP8_GEMM = "__cublas$lt$matmul$f8"
 def test_fp8_gemms_in_the_compiled_training_step(recipe):
     """On the GPU the compiled forward+backward runs three cuBLASLt fp8 GEMMs: the forward
     at DEFAULT precision (fast accumulation), dgrad and wgrad at HIGHEST (without)."""
-    x = jnp.ones((512, 1024), jnp.bfloat16)
-    kernel = jnp.ones((1024, 2048), jnp.bfloat16)
+    kx, kw, kt = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(kx, (512, 1024), jnp.bfloat16)
+    kernel = jax.random.normal(kw, (1024, 2048), jnp.bfloat16)
+    target = jax.random.normal(kt, (512, 2048), jnp.float32)
 
-    def loss(x, kernel):
-        return (
-            lowp_jax.training_dot_general(x, kernel, flax_dims(2), recipe=recipe)
-            .astype(jnp.float32)
-            .sum()
-        )
+    def loss(x, kernel):  # a cotangent that is no constant, so XLA cannot fold the dgrad
+        y = lowp_jax.training_dot_general(x, kernel, flax_dims(2), recipe=recipe)
+        return (y.astype(jnp.float32) * target).sum()
 
-    hlo = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, kernel).compile().as_text()
+    # value_and_grad: under jax.grad alone the forward product is dead code, and XLA
+    # rightly drops its GEMM (measured on the H200: 2 fp8 GEMMs, both backward).
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+    hlo = step.lower(x, kernel).compile().as_text()
     calls = [line for line in hlo.splitlines() if _FP8_GEMM in line and "custom-call(" in line]
     assert len(calls) == 3, f"{len(calls)} fp8 GEMMs:\n" + "\n".join(calls)
     precisions = sorted(
