@@ -9,11 +9,10 @@ contracting axis. Then one branch of `_forward` computes the product:
 
 - "fp8": float8 codes of tensorwise / rowwise (AxisScaling along K) operands straight
   into `lax.dot_general(..., preferred_element_type=float32)`, which XLA on Hopper
-  rewrites into cuBLASLt's fp8 GEMM (`__cublas$lt$matmul$f8`). Tensorwise scales go
-  into the GEMM itself (`_fp8_dot`: XLA's dequantize pattern), which writes the output
-  dtype; per-row (M) x per-column (N) decode scales multiply the float32 result, which
-  is then rounded once to the output dtype. The activation is reshaped to (M, K): XLA's
-  fp8 rewrite takes one non-contracting dim per operand.
+  rewrites into cuBLASLt's fp8 GEMM (`__cublas$lt$matmul$f8`); the float32 result is
+  multiplied by the per-tensor or per-row (M) x per-column (N) decode scales, then
+  rounded once to the output dtype. The activation is reshaped to (M, K): XLA's fp8
+  rewrite takes one non-contracting dim per operand.
 - "scaled_matmul": MX (fp8 or fp4 elements, 32-blocks) and NVFP4 operands through
   `jax.nn.scaled_matmul`, which runs cuDNN's block-scaled GEMM on Blackwell (compute
   capability >= 10.0, cuDNN >= 9.7). NVFP4's per-tensor scales multiply the output.
@@ -373,29 +372,20 @@ def _values(x, dtype) -> jax.Array:
 
 
 def _fp8_dot(a: _qarray.QArray, b: _qarray.QArray, precision) -> jax.Array:
-    """fp8 codes into one 2-D dot accumulating in float32, scaled by the decode scales
-    (spec §3.1 `d`); the caller rounds to the output dtype.
+    """fp8 codes into one 2-D dot accumulating in float32, then the decode scales (spec
+    §3.1 `d`); the caller rounds to the output dtype.
 
-    Two tensorwise operands are written as XLA's dequantize pattern, a dot of
-    `convert(codes) * scale`: XLA's fp8 GEMM rewriter folds both scalar scales into
-    cuBLASLt's scale_a / scale_b and the output convert into the GEMM, so the float32
-    product never reaches memory. A per-row or per-column scale has no cuBLASLt operand
-    on Hopper: the GEMM writes float32 and one fused pass scales and rounds it.
+    The codes go into the dot as they are, not in XLA's dequantize pattern (a dot of
+    `convert(codes) * scale`, whose scalar scales XLA folds into cuBLASLt): measured on
+    the H200 (jax 0.11.2), that pattern reaches the fp8 GEMM only when the codes are
+    inputs of the computation; with the activation quantized in the same jit, XLA's
+    Triton GEMM fusion takes the dot first and runs it in float32, 4x slower.
     """
     lead, k = a.shape[:-1], a.shape[-1]
-    a_codes = a.codes.reshape(-1, k)
-    if isinstance(a.scheme, lowp.TensorScaling) and isinstance(b.scheme, lowp.TensorScaling):
-        y = _kdot(_scaled(a_codes, a.scale), _scaled(b.codes, b.scale), precision)
-        return y.reshape(lead + (b.shape[0],))
-    acc = _kdot(a_codes, b.codes, precision)
+    acc = _kdot(a.codes.reshape(-1, k), b.codes, precision)
     row = a.scale.reshape(-1, 1) if isinstance(a.scheme, lowp.AxisScaling) else a.scale
     col = b.scale.reshape(1, -1) if isinstance(b.scheme, lowp.AxisScaling) else b.scale
     return (acc * (row * col)).reshape(lead + (b.shape[0],))
-
-
-def _scaled(codes, scale) -> jax.Array:
-    """`convert(codes) * scale` in float32: a tensorwise operand in XLA's fp8 pattern."""
-    return codes.astype(jnp.float32) * scale
 
 
 def _block_scaled_dot(a: _qarray.QArray, b: _qarray.QArray) -> jax.Array:

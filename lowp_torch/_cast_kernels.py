@@ -24,10 +24,13 @@ speed happen inside layers (`Linear`, `quantize_`'d models) that a keyword canno
 reach; rather than an environment variable because it is scoped and undone on exit,
 so a test cannot leak its choice into the next. `"triton"` raises where the Triton
 path cannot run, naming the reason, instead of silently measuring the other path.
+
+The choice is process-wide, not a context variable: a CUDA backward runs in the
+autograd engine's own device thread, which a `contextvars.ContextVar` set by the
+caller does not reach (found on the H200: the backward's casts ignored the block).
 """
 
 import contextlib
-import contextvars
 import functools
 import importlib.util
 import os
@@ -38,7 +41,7 @@ from lowp import _schemes
 from lowp_torch import _log, _storage
 
 MODES = ("auto", "triton", "torch")
-_MODE = contextvars.ContextVar("lowp_torch_cast_kernels", default="auto")
+_MODE = ["auto"]  # the current mode, process-wide (module docstring)
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
@@ -61,11 +64,11 @@ def cast_kernels(mode: str):
     """
     if mode not in MODES:
         raise ValueError(f"cast_kernels mode must be one of {MODES}, got {mode!r}")
-    token = _MODE.set(mode)
+    previous, _MODE[0] = _MODE[0], mode
     try:
         yield
     finally:
-        _MODE.reset(token)
+        _MODE[0] = previous
 
 
 def use_triton(t, scheme, *, rounding, random_bits, seed, offset, check_finite, name) -> bool:
@@ -76,7 +79,7 @@ def use_triton(t, scheme, *, rounding, random_bits, seed, offset, check_finite, 
     """
     if isinstance(t, torch.Tensor) and _storage.traced(t):
         return False  # compiled code: Inductor fuses the torch ops itself
-    mode = _MODE.get()
+    mode = _MODE[0]
     if mode == "torch":
         _log.debug(f"{name}: quantize on torch ops (cast_kernels('torch'))")
         return False

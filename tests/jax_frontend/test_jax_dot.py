@@ -261,10 +261,3 @@ def test_fp8_dense_layer_compiles_to_cublaslt_fp8_gemm(preset):
     assert _FP8_GEMM in targets, f"no fp8 cuBLASLt GEMM; custom calls: {targets}"
     transposed = re.findall(r"f8e\w+\[[\d,]+\]\{[\d,]+\} (?:transpose|copy)\(", hlo)
     assert not transposed, f"an fp8 operand is transposed before the GEMM: {transposed}"
-    gemm = next(line for line in hlo.splitlines() if _FP8_GEMM in line and "custom-call(" in line)
-    if preset == "float8_tensorwise":
-        # Both scalar scales folded into cuBLASLt (4 operands: a, b, scale_a, scale_b), and
-        # the GEMM writes bfloat16 itself: no float32 product goes through memory.
-        assert re.search(r"= \(bf16\[512,2048\]", gemm), gemm
-        operands = re.search(r"custom-call\(([^)]*)\)", gemm).group(1).split(", ")
-        assert len(operands) == 4 and not any("constant" in o for o in operands[2:]), gemm

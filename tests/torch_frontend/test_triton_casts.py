@@ -28,6 +28,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import unittest.mock
 import warnings
 
@@ -524,9 +525,20 @@ def test_unknown_cast_kernels_mode_is_refused():
 def test_the_mode_is_restored_after_the_block():
     with lowp_torch.cast_kernels("torch"):
         with lowp_torch.cast_kernels("triton"):
-            assert _cast_kernels._MODE.get() == "triton"
-        assert _cast_kernels._MODE.get() == "torch"
-    assert _cast_kernels._MODE.get() == "auto"
+            assert _cast_kernels._MODE[0] == "triton"
+        assert _cast_kernels._MODE[0] == "torch"
+    assert _cast_kernels._MODE[0] == "auto"
+
+
+def test_the_mode_reaches_other_threads():
+    """A CUDA backward runs in the autograd engine's device thread: the block's mode must
+    hold there too (a ContextVar did not: the H200 run of the training test caught it)."""
+    seen = []
+    with lowp_torch.cast_kernels("torch"):
+        worker = threading.Thread(target=lambda: seen.append(_cast_kernels._MODE[0]))
+        worker.start()
+        worker.join()
+    assert seen == ["torch"]
 
 
 def test_compiled_code_never_takes_the_triton_path():
