@@ -140,3 +140,30 @@ def _triton_installed() -> bool:
 def _interpreting() -> bool:
     """Whether Triton runs kernels in its CPU interpreter (read as triton does)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+# Below this many bytes PyTorch's own copy is as fast: the tile kernel's launch is the cost.
+_TRANSPOSE_MIN_BYTES = 1 << 20
+
+
+def contiguous(t: torch.Tensor) -> torch.Tensor:
+    """`t.contiguous()`, through `_triton_transpose` for a large transposed 2-D tensor of
+    one-byte elements (fp8 codes) on CUDA in eager mode: PyTorch's strided copy of one
+    takes about 1 ms at 16384 x 8192 on an H200, as long as an fp8 GEMM's operand read.
+    The bytes are the same either way; `cast_kernels("torch")` keeps PyTorch's copy, and
+    `cast_kernels("triton")` also runs the kernel on CPU tensors under the interpreter."""
+    if t.is_contiguous() or t.dim() != 2 or t.element_size() != 1:
+        return t.contiguous()
+    mode = _MODE[0]
+    runs = (t.is_cuda and t.numel() >= _TRANSPOSE_MIN_BYTES) or (mode == "triton" and _interpreting())
+    if (
+        mode == "torch"
+        or not runs
+        or t.stride() != (1, t.shape[0])
+        or _storage.traced(t)
+        or not _triton_installed()
+    ):
+        return t.contiguous()
+    from lowp_torch import _triton_transpose  # imports triton: only when it runs
+
+    return _triton_transpose.contiguous_transposed(t)

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from lowp import _schemes
-from lowp_torch import _config, _log, _qtensor, _quantize, _storage
+from lowp_torch import _cast_kernels, _config, _log, _qtensor, _quantize, _storage
 
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 _E4M3 = "float8_e4m3fn"
@@ -316,8 +316,8 @@ def _padded_operands(a, b, form: str, pad: bool):
     k, n = a.shape[-1], b.shape[-2]
     pad_k = (-k % 16) if pad else 0
     pad_n = (-n % 16) if pad else 0
-    a_codes = _pad_codes(a.codes, (0, pad_k)).contiguous()
-    b_codes = _pad_codes(b.codes, (0, pad_k, 0, pad_n)).contiguous()
+    a_codes = _cast_kernels.contiguous(_pad_codes(a.codes, (0, pad_k)))
+    b_codes = _cast_kernels.contiguous(_pad_codes(b.codes, (0, pad_k, 0, pad_n)))
     if form == "tensorwise":
         a_scale, b_scale = a.scale, b.scale
     elif form == "rowwise":

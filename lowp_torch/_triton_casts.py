@@ -34,13 +34,13 @@ _MX_MODES = {"floor": 0, "ceil": 1, "rceil": 2}
 # About 16 elements a thread keeps registers low enough (ptxas: ~80 a thread at 16,
 # ~150-250 at 32) for several programs per SM, and so enough loads in flight.
 _FLAT_BLOCK = 4096  # TensorScaling: elements per program
-_AMAX_PROGRAMS = 2048  # TensorScaling amax: programs loop over tiles, one atomic each
-_ROWS_ONE_PASS = 16384  # AxisScaling rows up to this long stay in registers: one read
-_ROWS_CHUNK = 4096  # longer rows are read twice, in chunks of this many elements
+_AMAX_PROGRAMS = 4096  # TensorScaling amax: programs loop over tiles, one atomic each
+_ROWS_ONE_PASS = 4096  # AxisScaling rows up to this long stay in registers: one read
+_ROWS_CHUNK = 8192  # longer rows are read twice, in chunks of this many elements
 _TILE_ELEMENTS = 4096  # rows kernel: BLOCK_M * BLOCK_K when rows are short
-_TILE = (16, 256)  # (BLOCK_R, BLOCK_C) of the 2-D kernels, at most
+_TILE = (16, 512)  # (BLOCK_R, BLOCK_C) of the 2-D kernels, at most
 _AMAX_ROW_TILES = 16  # column maxima: tiles a program stacks per atomic, at most
-_ELEMENTS_PER_THREAD = 16
+_ELEMENTS_PER_THREAD = 32
 
 
 def quantize(t: torch.Tensor, scheme) -> _qtensor.QuantizedTensor:

@@ -556,5 +556,75 @@ def test_compiled_code_never_takes_the_triton_path():
         )
 
 
+
+# --- the transposed-codes copy (`_cast_kernels.contiguous`, `_triton_transpose`) --------
+
+# Transposed shapes (rows, cols) of the view: partial tiles on either side, a few bytes up
+# to several 64 x 64 tiles (a 1 x 1 view is already contiguous: no copy to make).
+TRANSPOSE_SHAPES = [(2, 3), (3, 5), (64, 64), (65, 130), (200, 17), (17, 300)]
+_TRANSPOSE_CHECK = """
+import json, torch, lowp_torch
+from lowp_torch import _cast_kernels, _triton_transpose
+bad, ran = [], []
+for rows, cols in json.loads(SHAPES):
+    for dtype in (torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2):
+        base = torch.randint(0, 256, (cols, rows), dtype=torch.uint8).view(dtype)
+        view = base.t()  # (rows, cols), strides (1, rows)
+        calls = []
+        real = _triton_transpose.contiguous_transposed
+        _triton_transpose.contiguous_transposed = lambda t: calls.append(1) or real(t)
+        with lowp_torch.cast_kernels("triton"):
+            got = _cast_kernels.contiguous(view)
+        _triton_transpose.contiguous_transposed = real
+        ran.append(bool(calls))
+        same = got.is_contiguous() and got.dtype == dtype and got.shape == view.shape
+        if not same or not torch.equal(got.view(torch.uint8), view.contiguous().view(torch.uint8)):
+            bad.append([rows, cols, str(dtype)])
+print(json.dumps({"bad": bad, "ran": ran}))
+"""
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason=NO_TRITON)
+def test_transposed_codes_copy_is_the_bytes_of_contiguous():
+    """Under the interpreter, the tile kernel's copy of a transposed byte tensor equals
+    `.contiguous()` byte for byte, for every shape (partial tiles too) and byte dtype,
+    and the kernel really ran."""
+    env = dict(os.environ, TRITON_INTERPRET="1", SHAPES=json.dumps(TRANSPOSE_SHAPES))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
+    code = "import os; SHAPES = os.environ['SHAPES']\n" + _TRANSPOSE_CHECK
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["bad"] == []
+    assert all(result["ran"]) and len(result["ran"]) == 3 * len(TRANSPOSE_SHAPES)
+
+
+@pytest.mark.skipif(not (HAS_TRITON and torch.cuda.is_available()), reason="needs CUDA and triton")
+@pytest.mark.parametrize("shape", [(8192, 4096), (4097, 1000), (64, 16384)])
+def test_cuda_transposed_codes_copy_is_the_bytes_of_contiguous(shape):
+    rows, cols = shape
+    view = torch.randint(0, 256, (cols, rows), dtype=torch.uint8, device="cuda").t()
+    got = _cast_kernels.contiguous(view.view(torch.float8_e4m3fn))
+    assert got.is_contiguous() and got.dtype == torch.float8_e4m3fn
+    assert torch.equal(got.view(torch.uint8), view.contiguous())
+
+
+def test_contiguous_leaves_other_tensors_to_torch():
+    """What is not a transposed 2-D byte tensor gets `.contiguous()`: a row slice, a
+    wider dtype, 3-D, or any input under cast_kernels("torch")."""
+    base = torch.arange(64, dtype=torch.uint8).reshape(8, 8)
+    cases = [base[:, ::2], base.float().t(), base.reshape(2, 4, 8).transpose(1, 2)]
+    with unittest.mock.patch(
+        "lowp_torch._triton_transpose.contiguous_transposed", side_effect=AssertionError
+    ) if HAS_TRITON else contextlib.nullcontext():
+        for t in cases:
+            assert torch.equal(_cast_kernels.contiguous(t), t.contiguous())
+        with lowp_torch.cast_kernels("torch"):
+            assert torch.equal(_cast_kernels.contiguous(base.t()), base.t().contiguous())
+
+
 if __name__ == "__main__":
     _interpreter_main(int(sys.argv[1]))
