@@ -32,6 +32,7 @@ recipes' wgrad) run at the caller's `precision`, as the unquantized layer would.
 
 import dataclasses
 import functools
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +40,7 @@ import numpy as np
 from jax import lax
 
 import lowp
+from lowp import _small_shapes
 from lowp_jax import _dot, _qarray, _quantize, _quantized_dot
 from lowp_jax import _dot_operands as _operands
 
@@ -55,6 +57,10 @@ def as_recipe(recipe) -> lowp.Recipe:
             f"expected a lowp.Recipe or a recipe name {lowp.Recipe.names()}, got {recipe!r}"
         )
     return recipe
+
+
+logger = logging.getLogger("lowp_jax")
+SMALL_SHAPES = ("auto", "quantize")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +83,7 @@ def training_dot_general(
     *,
     recipe,
     impl: str = "auto",
+    small_shapes: str = "auto",
 ) -> jax.Array:
     """`lax.dot_general` of an activation and a weight whose forward and backward GEMMs
     run quantized with a training recipe (spec §8).
@@ -98,6 +105,12 @@ def training_dot_general(
       recipe: a `lowp.Recipe` or its name (`lowp.Recipe.names()`).
       impl: the `lowp_jax.dot_general` branch of every quantized GEMM: "auto" (the fp8
         GEMM on a GPU that has one, emulation on CPU) or one of the names it lists.
+      small_shapes: "auto" computes a call as the float layer would (`lax.dot_general`,
+        the kernel cast to lhs's dtype) where the fp8 GEMM kernels would run it but it
+        is too small for them to pay for the casts (`lowp._small_shapes`: M*K*N < 2**39,
+        or K*N < 2**22), and says so at INFO while tracing; only on a GPU with fp8 (MX:
+        block-scaled) GEMMs: emulated GEMMs always run the recipe. "quantize" always
+        runs the recipe.
 
     Returns:
       y: lhs's free dims followed by N, as `lax.dot_general`.
@@ -121,6 +134,8 @@ def training_dot_general(
     recipe = as_recipe(recipe)
     if impl not in _dot.IMPLS:
         raise ValueError(f"impl must be one of {_dot.IMPLS}, got {impl!r}")
+    if small_shapes not in SMALL_SHAPES:
+        raise ValueError(f"small_shapes must be one of {SMALL_SHAPES}, got {small_shapes!r}")
     for name, operand in (("lhs", lhs), ("rhs", rhs)):
         if isinstance(operand, _qarray.QArray):
             raise TypeError(
@@ -144,10 +159,38 @@ def training_dot_general(
             "promote_dtype that leaves it float32) and sum micro-batch gradients in float32"
         )
     input_shape = tuple(lhs.shape)
-    _check_shapes(recipe, x.shape[0], k, n, backward=False, input_shape=input_shape)
     out_dtype = np.dtype(x.dtype if preferred_element_type is None else preferred_element_type)
+    if small_shapes == "auto" and in_high_precision(recipe, impl, x, w):
+        return lax.dot_general(lhs, rhs.astype(lhs.dtype), dimension_numbers, precision, out_dtype)
+    _check_shapes(recipe, x.shape[0], k, n, backward=False, input_shape=input_shape)
     y = _linear(x, w, _Plan(recipe, impl, precision, out_dtype, input_shape))
     return y.reshape(lead + (n,))
+
+
+def in_high_precision(recipe, impl: str, x, w) -> bool:
+    """The small-shape policy (`lowp._small_shapes`) for x (M, K) and w (N, K): whether the
+    call runs as the float layer, because the fp8 GEMM kernels would run it at a loss."""
+    if not fp8_kernels_run(recipe, impl, _dot._device(x, w)):
+        return False
+    (m, k), n = x.shape, w.shape[0]
+    if _small_shapes.call_pays(m, k, n):
+        return False
+    logger.info(
+        f"training_dot_general: {recipe.name} runs in high precision "
+        f"({_small_shapes.describe(m, k, n)}); small_shapes='quantize' forces fp8"
+    )
+    return True
+
+
+def fp8_kernels_run(recipe, impl: str, device) -> bool:
+    """Whether the recipe's quantized GEMMs get real low-precision kernels on `device`:
+    float8 on CUDA compute capability 8.9+, MX and NVFP4 on 10.0+ (else they are
+    emulated or dequantized, and the layer is there for its numerics)."""
+    if impl in ("emulated", "dequantize"):
+        return False
+    capability = _dot._cuda_capability(device)
+    block_scaled = isinstance(recipe.forward.a, (lowp.MXScaling, lowp.NVFP4Scaling))
+    return capability is not None and capability >= ((10, 0) if block_scaled else (8, 9))
 
 
 def _check_shapes(recipe, m, k, n, *, backward: bool, input_shape) -> None:
@@ -344,6 +387,7 @@ class TrainingDotGeneral:
     Attributes:
       recipe: the `lowp.Recipe`, or its name ("float8_tensorwise", "mxfp8", ...).
       impl: the `lowp_jax.dot_general` branch of the quantized GEMMs ("auto").
+      small_shapes: "auto" or "quantize", as `training_dot_general` takes it.
 
     >>> import jax, jax.numpy as jnp, lowp_jax
     >>> from flax import nnx
@@ -356,11 +400,16 @@ class TrainingDotGeneral:
 
     recipe: lowp.Recipe
     impl: str = "auto"
+    small_shapes: str = "auto"
 
     def __post_init__(self):
         object.__setattr__(self, "recipe", as_recipe(self.recipe))
         if self.impl not in _dot.IMPLS:
             raise ValueError(f"impl must be one of {_dot.IMPLS}, got {self.impl!r}")
+        if self.small_shapes not in SMALL_SHAPES:
+            raise ValueError(
+                f"small_shapes must be one of {SMALL_SHAPES}, got {self.small_shapes!r}"
+            )
 
     def __call__(
         self,
@@ -384,6 +433,7 @@ class TrainingDotGeneral:
             preferred_element_type,
             recipe=self.recipe,
             impl=self.impl,
+            small_shapes=self.small_shapes,
         )
 
 

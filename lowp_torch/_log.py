@@ -1,4 +1,4 @@
-"""The `lowp_torch` logger, and a warning given once per distinct cause.
+"""The `lowp_torch` logger, and messages given once per distinct cause.
 
 Nothing is logged while torch.compile traces (`torch.compiler.is_compiling()`): the
 decisions logged here are made from static shapes, dtypes and devices, so one eager
@@ -11,7 +11,7 @@ import logging
 import torch
 
 logger = logging.getLogger("lowp_torch")
-_warned: set[str] = set()
+_said: set[tuple[int, str]] = set()
 
 
 def debug(message: str) -> None:
@@ -21,7 +21,16 @@ def debug(message: str) -> None:
 
 def warn_once(key: str, message: str) -> None:
     """Log `message` at WARNING the first time `key` is seen in this process."""
-    if torch.compiler.is_compiling() or key in _warned:
+    _once(logging.WARNING, key, message)
+
+
+def info_once(key: str, message: str) -> None:
+    """Log `message` at INFO the first time `key` is seen in this process."""
+    _once(logging.INFO, key, message)
+
+
+def _once(level: int, key: str, message: str) -> None:
+    if torch.compiler.is_compiling() or (level, key) in _said:
         return
-    _warned.add(key)
-    logger.warning(message)
+    _said.add((level, key))
+    logger.log(level, message)

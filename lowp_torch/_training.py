@@ -34,12 +34,14 @@ import dataclasses
 import math
 
 import torch
+import torch.nn.functional as F
 
-from lowp import _recipes, _schemes
-from lowp_torch import _cast_kernels, _gemm, _qtensor, _quantize, _tensor_ops
+from lowp import _recipes, _schemes, _small_shapes
+from lowp_torch import _cast_kernels, _gemm, _log, _qtensor, _quantize, _tensor_ops
 
 QuantizedTensor = _qtensor.QuantizedTensor
 KERNELS = ("auto", "scaled_mm", "emulated")
+SMALL_SHAPES = ("auto", "quantize")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,11 +54,15 @@ class Lowering:
       pad_to_16: zero-pad each GEMM's K and N to multiples of 16 for the fp8 kernels
         (exact: zero codes add nothing).
       name: the layer, for errors and logs.
+      small_shapes: "auto" runs a call in high precision where the fp8 GEMM kernels
+        would run it but it is too small for them to pay for the casts
+        (`lowp._small_shapes`); "quantize" always runs the recipe.
     """
 
     kernel: str = "auto"
     pad_to_16: bool = False
     name: str = "linear"
+    small_shapes: str = "auto"
 
     def __post_init__(self):
         if not isinstance(self.name, str):
@@ -67,6 +73,11 @@ class Lowering:
             )
         if not isinstance(self.pad_to_16, bool):
             raise TypeError(f"{self.name}: pad_to_16 must be a bool, got {self.pad_to_16!r}")
+        if self.small_shapes not in SMALL_SHAPES:
+            raise ValueError(
+                f"{self.name}: small_shapes must be one of {SMALL_SHAPES}, "
+                f"got {self.small_shapes!r}"
+            )
 
 
 def as_recipe(recipe) -> _recipes.Recipe:
@@ -264,6 +275,8 @@ def linear(
     (see `lowp_torch.Linear`).
     """
     device_type = x.device.type
+    if in_high_precision(x, weight, recipe, lowering):
+        return _high_precision_linear(x, weight, bias, main_grad)
     if torch.is_autocast_enabled(device_type):
         x = x.to(torch.get_autocast_dtype(device_type))
     grad_enabled = torch.is_grad_enabled()
@@ -272,6 +285,77 @@ def linear(
     # The emulated GEMMs are float32 matmuls: autocast must not lower them.
     with torch.autocast(device_type, enabled=False):
         return _LinearFunction.apply(x, weight, bias, main_grad, recipe, lowering, grad_enabled)
+
+
+def in_high_precision(x, weight, recipe, lowering: Lowering) -> bool:
+    """The small-shape policy (`lowp._small_shapes`): whether this call of the layer runs
+    in high precision, because the fp8 GEMM kernels would run it at a loss. Says so
+    once per layer and reason, at INFO."""
+    if lowering.small_shapes != "auto" or not fp8_kernels_run(recipe, weight.device, lowering):
+        return False
+    n, k = weight.shape
+    tokens = x.numel() // k
+    if _small_shapes.call_pays(tokens, k, n):
+        return False
+    small_layer = not _small_shapes.layer_may_pay(k, n)
+    _log.info_once(
+        f"{lowering.name} small shapes {'layer' if small_layer else tokens}",
+        f"{lowering.name}: {recipe.name} runs in high precision "
+        f"({_small_shapes.describe(tokens, k, n)}); small_shapes='quantize' forces fp8",
+    )
+    return True
+
+
+def fp8_kernels_run(recipe, device: torch.device, lowering: Lowering) -> bool:
+    """Whether the recipe's GEMMs get real low-precision kernels on `device` (else they
+    are emulated, and the layer is there for its numerics): float8 on CUDA sm_89+,
+    MX and NVFP4 on sm_100+, unless kernel="emulated"."""
+    if lowering.kernel == "emulated" or device.type != "cuda":
+        return False
+    block_scaled = isinstance(recipe.forward.a, (_schemes.MXScaling, _schemes.NVFP4Scaling))
+    return _gemm._cuda_capability(device.index) >= ((10, 0) if block_scaled else (8, 9))
+
+
+def _high_precision_linear(x, weight, bias, main_grad):
+    """`F.linear` as the float model runs it (what the small-shape policy falls back to);
+    with `main_grad`, the weight gradient goes there in float32 instead."""
+    autocast = torch.is_autocast_enabled(x.device.type)
+    if main_grad is None:
+        if autocast or weight.dtype == x.dtype:
+            return F.linear(x, weight, bias)
+        return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+    if autocast:
+        x = x.to(torch.get_autocast_dtype(x.device.type))
+    with torch.autocast(x.device.type, enabled=False):
+        return _HighPrecisionFunction.apply(x, weight, bias, main_grad)
+
+
+class _HighPrecisionFunction(torch.autograd.Function):
+    """y = x w^T + b in x's dtype, dw added into main_grad in float32 (every GEMM rounds
+    once from float32, as `_high_precision_mm` does for the recipes' own)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, main_grad):
+        x2 = x.reshape(-1, x.shape[-1])
+        y = _high_precision_mm(x2, weight.t().to(x.dtype), torch.float32)
+        if bias is not None:
+            y = y + bias.float()
+        ctx.save_for_backward(x2, weight)
+        ctx.main_grad, ctx.x_shape, ctx.has_bias = main_grad, x.shape, bias is not None
+        return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, weight = ctx.saved_tensors
+        g2 = dy.reshape(-1, dy.shape[-1])
+        dx = db = None
+        if ctx.needs_input_grad[0]:
+            dx = _high_precision_mm(g2, weight.to(g2.dtype), x2.dtype).reshape(ctx.x_shape)
+        if ctx.needs_input_grad[1]:
+            ctx.main_grad.add_(_high_precision_mm(g2.t(), x2, torch.float32))
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = g2.sum(0)
+        return dx, None, db, None
 
 
 class _LinearFunction(torch.autograd.Function):

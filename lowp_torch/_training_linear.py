@@ -3,8 +3,8 @@
 import torch
 from torch import nn
 
-from lowp import _recipes
-from lowp_torch import _qtensor, _training
+from lowp import _recipes, _small_shapes
+from lowp_torch import _log, _qtensor, _training
 
 
 class Linear(nn.Linear):
@@ -43,6 +43,12 @@ class Linear(nn.Linear):
         kernels (exact). Without it, kernel="scaled_mm" refuses a layer or an input
         whose dims are not, naming it, and "auto" emulates such a GEMM with a warning.
       name: the layer, for errors and logs (`convert_to_training` sets its path).
+      small_shapes: "auto" (the default) runs a call in high precision, as the float
+        layer would, where the fp8 GEMM kernels would run it but it is too small for
+        them to pay for the casts (`lowp._small_shapes`: M*K*N < 2**39, decided per
+        call from the tokens M; a layer with K*N < 2**22 never reaches it, which it
+        says when built). Only where fp8 kernels run (float8 on CUDA sm_89+): emulated
+        GEMMs always run the recipe. "quantize" always runs the recipe.
 
     >>> import torch, lowp_torch
     >>> layer = lowp_torch.Linear(64, 32, recipe="float8_rowwise")
@@ -64,11 +70,19 @@ class Linear(nn.Linear):
         kernel: str = "auto",
         pad_to_16: bool = False,
         name: str = "linear",
+        small_shapes: str = "auto",
     ):
         super().__init__(in_features, out_features, bias, device, dtype)
         self.recipe = _training.as_recipe(recipe)
-        self.lowering = _training.Lowering(kernel, pad_to_16, name)
+        self.lowering = _training.Lowering(kernel, pad_to_16, name, small_shapes)
         _training.check_layer(self.recipe, in_features, out_features, self.lowering)
+        if small_shapes == "auto" and not _small_shapes.layer_may_pay(in_features, out_features):
+            _log.info_once(
+                f"{name} small shapes layer",
+                f"{name}: where fp8 GEMM kernels run, it trains in high precision "
+                f"({_small_shapes.describe(None, in_features, out_features)}); "
+                "small_shapes='quantize' forces fp8",
+            )
         self._attach_main_grad()
 
     @classmethod
@@ -80,6 +94,7 @@ class Linear(nn.Linear):
         kernel: str = "auto",
         pad_to_16: bool = False,
         name: str = "linear",
+        small_shapes: str = "auto",
     ) -> "Linear":
         """A Linear sharing `linear`'s weight and bias Parameters (no copy), so an
         optimizer built on the float model keeps updating them."""
@@ -98,6 +113,7 @@ class Linear(nn.Linear):
                 kernel=kernel,
                 pad_to_16=pad_to_16,
                 name=name,
+                small_shapes=small_shapes,
             )
         new.weight, new.bias = linear.weight, linear.bias
         new._attach_main_grad()
@@ -118,6 +134,7 @@ class Linear(nn.Linear):
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, recipe={self.recipe.name!r}, kernel={self.lowering.kernel!r}"
+            + ("" if self.lowering.small_shapes == "auto" else ", small_shapes='quantize'")
         )
 
     def _attach_main_grad(self) -> None:
@@ -146,6 +163,7 @@ def convert_to_training(
     *,
     kernel: str = "auto",
     pad_to_16: bool = False,
+    small_shapes: str = "auto",
 ) -> nn.Module:
     """Swap each `nn.Linear` of `model` for a `lowp_torch.Linear` training with `recipe`.
 
@@ -158,7 +176,7 @@ def convert_to_training(
       recipe: a `lowp.Recipe` or its name (`lowp.Recipe.names()`).
       filter_fn: `filter_fn(module, name) -> bool`; only linears it accepts convert
         (name is the module's path, "layers.0.mlp.fc1").
-      kernel, pad_to_16: see `lowp_torch.Linear`.
+      kernel, pad_to_16, small_shapes: see `lowp_torch.Linear`.
 
     Returns:
       `model`, converted in place; if `model` itself is an nn.Linear, the new Linear.
@@ -186,7 +204,12 @@ def convert_to_training(
                 f"convert_to_training: {name or 'the model'} is already a lowp_torch.Linear"
             )
         return Linear.from_float(
-            module, recipe, kernel=kernel, pad_to_16=pad_to_16, name=name or "linear"
+            module,
+            recipe,
+            kernel=kernel,
+            pad_to_16=pad_to_16,
+            name=name or "linear",
+            small_shapes=small_shapes,
         )
 
     if isinstance(model, nn.Linear):

@@ -611,3 +611,79 @@ def test_mixed_precision_layers_quantize_the_float32_master_weight(layer_kind):
         x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16), dims, recipe=recipe
     )
     assert not jnp.array_equal(y, bf16_copy)  # the case distinguishes the two
+
+
+# --- the small-shape policy (lowp._small_shapes) ----------------------------------------
+
+
+@pytest.fixture
+def fp8_kernels_here(monkeypatch):
+    """Make this CPU look like a GPU with fp8 kernels to the policy, with thresholds
+    scaled down (MIN_MACS 2**16, MIN_WEIGHT 2**10): a 64 -> 32 layer pays from 32 tokens."""
+    from lowp import _small_shapes
+
+    monkeypatch.setattr(lowp_jax._training, "fp8_kernels_run", lambda recipe, impl, device: True)
+    monkeypatch.setattr(_small_shapes, "MIN_MACS", 2**16)
+    monkeypatch.setattr(_small_shapes, "MIN_WEIGHT", 2**10)
+
+
+@pytest.mark.parametrize("recipe", ["float8_tensorwise", "float8_rowwise", "mxfp8"])
+def test_small_calls_run_the_float_dot_and_large_ones_the_recipe(recipe, fp8_kernels_here, caplog):
+    rng = np.random.default_rng(0)
+    kernel = jnp.asarray(rng.standard_normal((64, 32)), jnp.float32)  # flax layout (K, N)
+
+    def float_loss(x, k):
+        return jnp.square(lax.dot_general(x, k, flax_dims(2))).sum()
+
+    for tokens, expect_quantized in ((8, False), (31, False), (32, True), (96, True)):
+        x = jnp.asarray(rng.standard_normal((tokens, 64)), jnp.float32)
+
+        def loss(x, k):
+            return jnp.square(
+                lowp_jax.training_dot_general(x, k, flax_dims(2), recipe=recipe)
+            ).sum()
+
+        with caplog.at_level("INFO", logger="lowp_jax"):
+            value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, kernel)
+        float_value, float_grads = jax.value_and_grad(float_loss, argnums=(0, 1))(x, kernel)
+        same = bool(value == float_value) and all(
+            bool(jnp.all(g == f)) for g, f in zip(grads, float_grads)
+        )
+        assert same != expect_quantized, tokens
+    said = [r.getMessage() for r in caplog.records if "runs in high precision" in r.getMessage()]
+    assert len(said) == 2 and "M*K*N = 8*64*32 < 65536" in said[0], said
+
+
+def test_small_shapes_quantize_always_runs_the_recipe(fp8_kernels_here):
+    x, kernel = jnp.ones((8, 64)), jnp.full((64, 32), 0.3)
+    layer = lowp_jax.TrainingDotGeneral("float8_rowwise", small_shapes="quantize")
+    quantized = layer(x, kernel, flax_dims(2))
+    plain = lax.dot_general(x, kernel, flax_dims(2))
+    assert not bool(jnp.all(quantized == plain))  # 0.3 is no e4m3 value times a power of two
+    with pytest.raises(
+        ValueError, match=r"small_shapes must be one of \('auto', 'quantize'\), got 'no'"
+    ):
+        lowp_jax.TrainingDotGeneral("float8_rowwise", small_shapes="no")
+
+
+class _FakeDevice:
+    platform = "gpu"
+
+    def __init__(self, capability):
+        self.compute_capability = capability
+        self.client = type("Client", (), {"platform_version": "cuda 13.0"})()
+
+
+def test_fp8_kernels_run_only_where_the_recipe_gets_real_kernels():
+    run = lowp_jax._training.fp8_kernels_run
+    fp8, mx = lowp.Recipe.from_name("float8_rowwise"), lowp.Recipe.from_name("mxfp8")
+    assert not run(fp8, "auto", jax.devices("cpu")[0])
+    for capability, want_fp8, want_mx in (
+        ("8.0", False, False),
+        ("8.9", True, False),
+        ("9.0", True, False),
+        ("10.0", True, True),
+    ):
+        device = _FakeDevice(capability)
+        assert run(fp8, "auto", device) == want_fp8 and run(mx, "auto", device) == want_mx
+    assert not run(fp8, "emulated", _FakeDevice("9.0"))

@@ -33,7 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 import lowp
 import lowp_torch
-from lowp_torch import _cast_kernels, _gemm, _training
+from lowp_torch import _cast_kernels, _gemm, _log, _training
 
 RECIPES = lowp.Recipe.names()
 K, N = 128, 96
@@ -706,3 +706,121 @@ def test_cuda_training_sqnr_and_kernels(recipe, compiled, caplog):
 
 if __name__ == "__main__":
     _interpreter_main()
+
+
+# --- the small-shape policy (lowp._small_shapes) ----------------------------------------
+
+
+@pytest.fixture
+def fp8_kernels_here(monkeypatch):
+    """Make this CPU look like a GPU with fp8 kernels to the policy, with thresholds
+    scaled down so that CPU-sized calls fall on both sides: MIN_MACS 2**16, MIN_WEIGHT
+    2**10 (K*N), so a 64 x 32 layer pays from 32 tokens on."""
+    from lowp import _small_shapes
+
+    monkeypatch.setattr(_training, "fp8_kernels_run", lambda recipe, device, lowering: True)
+    monkeypatch.setattr(_small_shapes, "MIN_MACS", 2**16)
+    monkeypatch.setattr(_small_shapes, "MIN_WEIGHT", 2**10)
+    monkeypatch.setattr(_log, "_said", set())  # each test sees its own "once" messages
+
+
+def _float_twin(layer):
+    twin = nn.Linear(layer.in_features, layer.out_features)
+    twin.load_state_dict(layer.state_dict())
+    return twin
+
+
+@pytest.mark.parametrize("recipe", ["float8_tensorwise", "float8_rowwise", "mxfp8"])
+def test_small_calls_run_the_float_layer_and_large_ones_the_recipe(
+    recipe, fp8_kernels_here, caplog
+):
+    torch.manual_seed(0)
+    layer = lowp_torch.Linear(64, 32, recipe=recipe, name="fc")
+    twin = _float_twin(layer)
+    quantized = unittest.mock.patch.object(
+        _training._LinearFunction, "apply", wraps=_training._LinearFunction.apply
+    )
+    for tokens, expect_quantized in ((8, False), (31, False), (32, True), (96, True)):
+        x = torch.randn(tokens, 64, requires_grad=True)
+        x_twin = x.detach().clone().requires_grad_()
+        layer.zero_grad()
+        twin.zero_grad()
+        with quantized as spy, caplog.at_level(logging.INFO, logger="lowp_torch"):
+            y = layer(x)
+            y.square().sum().backward()
+        assert spy.called == expect_quantized, tokens
+        y_twin = twin(x_twin)
+        y_twin.square().sum().backward()
+        if expect_quantized:
+            assert not torch.equal(y, y_twin)  # the recipe's numerics, not the float layer's
+        else:  # the float layer's call, bit for bit
+            assert torch.equal(y, y_twin)
+            assert torch.equal(x.grad, x_twin.grad)
+            assert torch.equal(layer.weight.grad, twin.weight.grad)
+            assert torch.equal(layer.bias.grad, twin.bias.grad)
+    said = [r.getMessage() for r in caplog.records if "runs in high precision" in r.getMessage()]
+    assert len(said) == 2 and all(m.startswith(f"fc: {recipe} ") for m in said), said
+    assert "M*K*N = 8*64*32 < 65536" in said[0]
+
+
+def test_small_shapes_quantize_always_runs_the_recipe(fp8_kernels_here):
+    layer = lowp_torch.Linear(64, 32, recipe="float8_rowwise", small_shapes="quantize")
+    with unittest.mock.patch.object(
+        _training._LinearFunction, "apply", wraps=_training._LinearFunction.apply
+    ) as spy:
+        layer(torch.randn(2, 64)).sum().backward()
+    assert spy.called
+    assert "small_shapes='quantize'" in repr(layer)
+
+
+def test_a_layer_too_small_to_pay_says_so_when_built_and_never_quantizes(fp8_kernels_here, caplog):
+    with caplog.at_level(logging.INFO, logger="lowp_torch"):
+        model = lowp_torch.convert_to_training(nn.Sequential(nn.Linear(16, 32)), "float8_rowwise")
+    assert any(
+        "0: where fp8 GEMM kernels run, it trains in high precision (K*N = 16*32 < 1024"
+        in r.getMessage()
+        for r in caplog.records
+    )
+    with unittest.mock.patch.object(_training._LinearFunction, "apply", side_effect=AssertionError):
+        model(torch.randn(4096, 16)).sum().backward()  # 2**21 MACs, but K*N is below 2**10
+
+
+def test_the_high_precision_call_accumulates_main_grad_in_float32(fp8_kernels_here):
+    recipe = dataclasses.replace(
+        lowp.Recipe.from_name("float8_rowwise"), fp32_weight_grad_accumulation=True
+    )
+    torch.manual_seed(1)
+    layer = lowp_torch.Linear(64, 32, recipe=recipe, dtype=torch.bfloat16)
+    x = torch.randn(8, 64, dtype=torch.bfloat16, requires_grad=True)
+    for _ in range(2):  # two micro-batches add up in main_grad
+        layer(x).float().square().sum().backward()
+    assert layer.weight.grad is None and layer.weight.main_grad.dtype == torch.float32
+    y = F.linear(x.detach().double(), layer.weight.detach().double(), layer.bias.detach().double())
+    g = 2 * y.bfloat16().double()  # the cotangent the bf16 output passes back
+    expected = 2 * (g.t() @ x.detach().double())
+    assert torch.allclose(layer.weight.main_grad.double(), expected, rtol=1e-5, atol=1e-4)
+    assert x.grad.dtype == torch.bfloat16
+
+
+def test_fp8_kernels_run_only_where_the_recipe_gets_real_kernels(monkeypatch):
+    cuda = torch.device("cuda", 0)
+    lowering = _training.Lowering()
+    fp8, mx = lowp.Recipe.from_name("float8_rowwise"), lowp.Recipe.from_name("mxfp8")
+    assert not _training.fp8_kernels_run(fp8, torch.device("cpu"), lowering)
+    for capability, want_fp8, want_mx in (
+        ((8, 0), False, False),
+        ((8, 9), True, False),
+        ((9, 0), True, False),
+        ((10, 0), True, True),
+    ):
+        monkeypatch.setattr(_gemm, "_cuda_capability", lambda index, c=capability: c)
+        assert _training.fp8_kernels_run(fp8, cuda, lowering) == want_fp8, capability
+        assert _training.fp8_kernels_run(mx, cuda, lowering) == want_mx, capability
+    assert not _training.fp8_kernels_run(fp8, cuda, _training.Lowering(kernel="emulated"))
+
+
+def test_small_shapes_must_be_auto_or_quantize():
+    with pytest.raises(
+        ValueError, match=r"fc: small_shapes must be one of \('auto', 'quantize'\), got 'off'"
+    ):
+        lowp_torch.Linear(64, 32, recipe="float8_rowwise", name="fc", small_shapes="off")
