@@ -155,7 +155,9 @@ def contiguous(t: torch.Tensor) -> torch.Tensor:
     if t.is_contiguous() or t.dim() != 2 or t.element_size() != 1:
         return t.contiguous()
     mode = _MODE[0]
-    runs = (t.is_cuda and t.numel() >= _TRANSPOSE_MIN_BYTES) or (mode == "triton" and _interpreting())
+    runs = (t.is_cuda and t.numel() >= _TRANSPOSE_MIN_BYTES) or (
+        mode == "triton" and _interpreting()
+    )
     if (
         mode == "torch"
         or not runs
