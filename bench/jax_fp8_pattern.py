@@ -19,9 +19,7 @@ To see the passes: XLA_FLAGS="--xla_dump_to=DIR --xla_dump_hlo_module_re=.*varia
 """
 
 import pathlib
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -31,23 +29,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import lowp
 import lowp_jax
+from bench.jax_dense import time_ms
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 8192
 TS = lowp.TensorScaling()
 DN = (((1,), (1,)), ((), ()))
-
-
-def tms(fn, args, iters=20):
-    for _ in range(3):
-        jax.block_until_ready(fn(*args))
-    s = []
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(iters):
-            o = fn(*args)
-        jax.block_until_ready(o)
-        s.append((time.perf_counter() - t) * 1e3 / iters)
-    return statistics.median(s)
 
 
 def q(x):
@@ -157,7 +143,7 @@ def main():
         j = jax.jit(fn)
         text = j.lower(*args).compile().as_text()
         f8 = "__cublas$lt$matmul$f8" in text
-        ms = tms(j, args)
+        ms = time_ms(j, args, iters=20)
         diff = ""
         if name in ["a", "b", "b16", "bb", "d", "f"]:
             out = j(*args).astype(jnp.float32)
