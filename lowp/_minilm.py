@@ -103,7 +103,12 @@ def model_dir() -> pathlib.Path:
 
 
 def available() -> bool:
-    """Whether `model_dir` finds the model (what the MiniLM tests skip on)."""
+    """Whether the package holds the model, or $LOWP_MINILM_DIR does (what the MiniLM
+    tests skip on). A $LOWP_MINILM_DIR without the model raises `model_dir`'s error
+    rather than skipping quietly: it names what was asked for."""
+    if os.environ.get(DIR_VARIABLE):
+        model_dir()
+        return True
     try:
         model_dir()
     except FileNotFoundError:
@@ -130,6 +135,8 @@ def write_bf16_copy(out: str | pathlib.Path) -> pathlib.Path:
     where the package does not fit. `load_weights` widens them back to float32 (exact),
     so everything downstream runs as on the package, on slightly different weights."""
     src, out = model_dir(), pathlib.Path(out)
+    if out.resolve() == src.resolve():
+        raise ValueError(f"write_bf16_copy: {out} is the folder the model is read from")
     out.mkdir(parents=True, exist_ok=True)
     arrays = {
         name: a.astype(ml_dtypes.bfloat16) if a.dtype == np.float32 else a

@@ -19,15 +19,18 @@ when the fp8 GEMM kernels would run it and either of these holds:
   when the layer is built, and said then;
 - M·K·N < `MIN_MACS` for this call's M tokens.
 
-Where the GEMMs are emulated (CPU; MX and NVFP4 before sm_100) nothing changes: the
-layer is there for its numerics, not its speed. The high-precision call computes what
+On a device without such kernels (CPU; MX and NVFP4 before sm_100) nothing changes:
+the layer is there for its numerics, not its speed. (The policy looks at the device
+and the recipe, not at every reason a single GEMM might still be emulated there, such
+as K or N off a multiple of 16 without padding: such a small call runs in high
+precision too, which is faster than its emulation.) The high-precision call computes what
 the layer's float model computes; the quantized recipe's numerics apply to the calls
 that quantize.
 """
 
 MIN_MACS = 2**39  # M*K*N below which an fp8 training GEMM triple loses to bf16
 MAX_TOKENS = 2**17  # tokens a call, at most, that a layer is expected to see
-MIN_WEIGHT = MIN_MACS // MAX_TOKENS  # K*N below which no call can reach MIN_MACS (2**22)
+MIN_WEIGHT = MIN_MACS // MAX_TOKENS  # K*N below which no call of <= MAX_TOKENS reaches MIN_MACS
 
 
 def layer_may_pay(in_features: int, out_features: int) -> bool:

@@ -105,12 +105,12 @@ def training_dot_general(
       recipe: a `lowp.Recipe` or its name (`lowp.Recipe.names()`).
       impl: the `lowp_jax.dot_general` branch of every quantized GEMM: "auto" (the fp8
         GEMM on a GPU that has one, emulation on CPU) or one of the names it lists.
-      small_shapes: "auto" computes a call as the float layer would (`lax.dot_general`,
-        the kernel cast to lhs's dtype) where the fp8 GEMM kernels would run it but it
-        is too small for them to pay for the casts (`lowp._small_shapes`: M*K*N < 2**39,
-        or K*N < 2**22), and says so at INFO while tracing; only on a GPU with fp8 (MX:
-        block-scaled) GEMMs: emulated GEMMs always run the recipe. "quantize" always
-        runs the recipe.
+      small_shapes: "auto" runs a call in high precision (lhs's dtype, float32
+        accumulation, each GEMM rounded once; dw in the kernel's dtype) where the device
+        has fp8 (MX: block-scaled) GEMM kernels but the call is too small for them to pay
+        for the casts (`lowp._small_shapes`: M*K*N < 2**39, or K*N < 2**22), and says so
+        at INFO while tracing. Off such devices (CPU; MX before compute capability 10.0)
+        the recipe always runs. "quantize" always runs the recipe.
 
     Returns:
       y: lhs's free dims followed by N, as `lax.dot_general`.
@@ -159,17 +159,19 @@ def training_dot_general(
             "promote_dtype that leaves it float32) and sum micro-batch gradients in float32"
         )
     input_shape = tuple(lhs.shape)
-    out_dtype = np.dtype(x.dtype if preferred_element_type is None else preferred_element_type)
-    if small_shapes == "auto" and in_high_precision(recipe, impl, x, w):
-        return lax.dot_general(lhs, rhs.astype(lhs.dtype), dimension_numbers, precision, out_dtype)
     _check_shapes(recipe, x.shape[0], k, n, backward=False, input_shape=input_shape)
-    y = _linear(x, w, _Plan(recipe, impl, precision, out_dtype, input_shape))
+    out_dtype = np.dtype(x.dtype if preferred_element_type is None else preferred_element_type)
+    plan = _Plan(recipe, impl, precision, out_dtype, input_shape)
+    if small_shapes == "auto" and in_high_precision(recipe, impl, x, w):
+        y = _high_precision_linear(x, w, plan)
+    else:
+        y = _linear(x, w, plan)
     return y.reshape(lead + (n,))
 
 
 def in_high_precision(recipe, impl: str, x, w) -> bool:
     """The small-shape policy (`lowp._small_shapes`) for x (M, K) and w (N, K): whether the
-    call runs as the float layer, because the fp8 GEMM kernels would run it at a loss."""
+    call runs in high precision, because the fp8 GEMM kernels would run it at a loss."""
     if not fp8_kernels_run(recipe, impl, _dot._device(x, w)):
         return False
     (m, k), n = x.shape, w.shape[0]
@@ -319,6 +321,28 @@ def _linear_bwd(plan: _Plan, kept, g):
 
 
 _linear.defvjp(_linear_fwd, _linear_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _high_precision_linear(x, w, plan: _Plan) -> jax.Array:
+    """The small-shape policy's fallback: the three GEMMs in x's dtype, accumulated in
+    float32 and rounded once (`_hp_gemm`), dw in the kernel's dtype. A custom VJP, since
+    differentiating `w.astype(x.dtype)` would round a float32 kernel's gradient to x's
+    dtype; this keeps the precision the recipe's wgrad has (and lowp_torch's fallback)."""
+    return _hp_gemm(x, w.astype(x.dtype), plan, plan.out_dtype)
+
+
+def _high_precision_fwd(x, w, plan: _Plan):
+    return _high_precision_linear(x, w, plan), (x, w)
+
+
+def _high_precision_bwd(plan: _Plan, kept, g):
+    x, w = kept
+    g = g.astype(x.dtype)
+    return _hp_gemm(g, w.astype(x.dtype).T, plan, x.dtype), _hp_gemm(g.T, x.T, plan, w.dtype)
+
+
+_high_precision_linear.defvjp(_high_precision_fwd, _high_precision_bwd)
 
 
 def training_operands(x, w, g, recipe) -> dict:

@@ -162,6 +162,7 @@ def contiguous(t: torch.Tensor) -> torch.Tensor:
         mode == "torch"
         or not runs
         or t.stride() != (1, t.shape[0])
+        or t.shape[0] > 65535 * 64  # the kernel's grid axis 1 (rows are K or N: never)
         or _storage.traced(t)
         or not _triton_installed()
     ):

@@ -298,8 +298,8 @@ def in_high_precision(x, weight, recipe, lowering: Lowering) -> bool:
     if _small_shapes.call_pays(tokens, k, n):
         return False
     small_layer = not _small_shapes.layer_may_pay(k, n)
-    _log.info_once(
-        f"{lowering.name} small shapes {'layer' if small_layer else tokens}",
+    _log.info_once(  # once per layer and reason, whatever M (sequence lengths vary)
+        f"{lowering.name} small shapes {'layer' if small_layer else 'call'}",
         f"{lowering.name}: {recipe.name} runs in high precision "
         f"({_small_shapes.describe(tokens, k, n)}); small_shapes='quantize' forces fp8",
     )
@@ -317,22 +317,24 @@ def fp8_kernels_run(recipe, device: torch.device, lowering: Lowering) -> bool:
 
 
 def _high_precision_linear(x, weight, bias, main_grad):
-    """`F.linear` as the float model runs it (what the small-shape policy falls back to);
-    with `main_grad`, the weight gradient goes there in float32 instead."""
-    autocast = torch.is_autocast_enabled(x.device.type)
-    if main_grad is None:
-        if autocast or weight.dtype == x.dtype:
-            return F.linear(x, weight, bias)
-        return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
-    if autocast:
-        x = x.to(torch.get_autocast_dtype(x.device.type))
-    with torch.autocast(x.device.type, enabled=False):
+    """The layer in high precision (what the small-shape policy falls back to): every
+    GEMM in x's dtype (autocast's, under autocast), accumulated in float32 and rounded
+    once, as the recipes' high-precision GEMMs and lowp_jax's fallback run; dw in the
+    weight's dtype, or added into `main_grad` in float32. Where x and the weight share
+    a dtype and nothing else applies, that is `F.linear` itself, the float layer's call."""
+    device_type = x.device.type
+    if main_grad is None and weight.dtype == x.dtype and not torch.is_autocast_enabled(device_type):
+        return F.linear(x, weight, bias)
+    if torch.is_autocast_enabled(device_type):
+        x = x.to(torch.get_autocast_dtype(device_type))
+    with torch.autocast(device_type, enabled=False):
         return _HighPrecisionFunction.apply(x, weight, bias, main_grad)
 
 
 class _HighPrecisionFunction(torch.autograd.Function):
-    """y = x w^T + b in x's dtype, dw added into main_grad in float32 (every GEMM rounds
-    once from float32, as `_high_precision_mm` does for the recipes' own)."""
+    """y = x w^T + b in x's dtype, the bias added to the float32 accumulator before the
+    one rounding (the quantized GEMMs' epilogue); dx in x's dtype, dw in the weight's or
+    added into main_grad in float32, each rounded once from float32 (`_high_precision_mm`)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, main_grad):
@@ -348,14 +350,17 @@ class _HighPrecisionFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x2, weight = ctx.saved_tensors
         g2 = dy.reshape(-1, dy.shape[-1])
-        dx = db = None
+        dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = _high_precision_mm(g2, weight.to(g2.dtype), x2.dtype).reshape(ctx.x_shape)
         if ctx.needs_input_grad[1]:
-            ctx.main_grad.add_(_high_precision_mm(g2.t(), x2, torch.float32))
+            if ctx.main_grad is None:
+                dw = _high_precision_mm(g2.t(), x2.to(g2.dtype), weight.dtype)
+            else:
+                ctx.main_grad.add_(_high_precision_mm(g2.t(), x2.to(g2.dtype), torch.float32))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = g2.sum(0)
-        return dx, None, db, None
+        return dx, dw, db, None
 
 
 class _LinearFunction(torch.autograd.Function):

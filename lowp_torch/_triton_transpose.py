@@ -26,8 +26,10 @@ _BLOCK = 64  # a 64 x 64 byte tile: 4 KiB of shared memory per program
 @triton.jit
 def _transpose_kernel(src, dst, rows, cols, BLOCK: tl.constexpr):
     """dst (rows, cols) row-major = the (rows, cols) view of src, which is column-major."""
-    r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    c = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    # Columns on grid axis 0 (up to 2**31 - 1 programs): they are the tokens M of the
+    # wgrad operands, which can exceed axis 1's 65535 tiles; rows are K or N.
+    c = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    r = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = (r[:, None] < rows) & (c[None, :] < cols)
     tile = tl.load(src + r[:, None] + c[None, :] * rows, mask=inside)
     tl.store(dst + r[:, None] * cols + c[None, :], tile, mask=inside)
@@ -44,7 +46,12 @@ def contiguous_transposed(t: torch.Tensor) -> torch.Tensor:
         )
     src = t.view(torch.uint8)
     out = torch.empty((rows, cols), dtype=torch.uint8, device=t.device)
-    grid = (triton.cdiv(rows, _BLOCK), triton.cdiv(cols, _BLOCK))
+    if triton.cdiv(rows, _BLOCK) > 65535:
+        raise ValueError(
+            f"contiguous_transposed: {rows} rows is more than CUDA's 65535 x {_BLOCK} on grid "
+            "axis 1"
+        )
+    grid = (triton.cdiv(cols, _BLOCK), triton.cdiv(rows, _BLOCK))
     # Triton launches on the current device; the interpreter takes CPU tensors.
     with torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext():
         _transpose_kernel[grid](src, out, rows, cols, BLOCK=_BLOCK, num_warps=4)

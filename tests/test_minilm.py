@@ -6,6 +6,7 @@ also needs `tokenizers`.
 """
 
 import importlib.util
+import os
 
 import ml_dtypes
 import numpy as np
@@ -198,12 +199,17 @@ KNOWN_ANSWERS = {
 }
 
 
+# sentence-transformers' embeddings are of the float32 weights; the bfloat16 copy that
+# $LOWP_MINILM_DIR points the GPU machine to moves them by up to 3.7e-4 (measured).
+KNOWN_ANSWER_ATOL = 1e-3 if os.environ.get(_minilm.DIR_VARIABLE) else 1e-4
+
+
 @pytest.mark.parametrize("sentence", list(KNOWN_ANSWERS))
 def test_known_answer(tokenizer, sentence):
     e = _minilm.embed_numpy([sentence], tokenizer=tokenizer)[0]
     assert abs(np.linalg.norm(e) - 1) < 1e-12
     expected = KNOWN_ANSWERS[sentence]
-    np.testing.assert_allclose(e[: len(expected)], expected, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(e[: len(expected)], expected, atol=KNOWN_ANSWER_ATOL, rtol=0)
 
 
 def test_padding_does_not_change_an_embedding(tokenizer, reference):
@@ -230,6 +236,10 @@ def test_a_bf16_copy_in_lowp_minilm_dir_is_read_as_the_model(tmp_path, monkeypat
     """The GPU machine's route (the package does not fit its 64 MiB carry): the copy
     holds the weights rounded to bfloat16, read back as float32 exactly, with the same
     tokenizer and config, and embeds as the package's model does to ~1e-3."""
+    monkeypatch.delenv(_minilm.DIR_VARIABLE, raising=False)
+    if not _minilm.available():
+        pytest.skip("needs the package's float32 weights to copy")
+    package = _minilm.model_dir()
     out = _minilm.write_bf16_copy(tmp_path / "minilm")
     original = _minilm.load_weights()
     monkeypatch.setenv(_minilm.DIR_VARIABLE, str(out))
@@ -241,7 +251,9 @@ def test_a_bf16_copy_in_lowp_minilm_dir_is_read_as_the_model(tmp_path, monkeypat
     rounded = original[name].astype(ml_dtypes.bfloat16).astype(np.float32)
     assert np.array_equal(copy[name], rounded) and not np.array_equal(copy[name], original[name])
     assert np.array_equal(copy["embeddings.position_ids"], original["embeddings.position_ids"])
-    assert _minilm.load_config() == _minilm.load_config(_minilm.model_dir())
+    assert _minilm.load_config() == _minilm.load_config(package)
+    with pytest.raises(ValueError, match="is the folder the model is read from"):
+        _minilm.write_bf16_copy(out)
     sentences = list(_minilm.SENTENCES[:4])
     cosine = np.sum(
         _minilm.embed_numpy(sentences) * _minilm.embed_numpy(sentences, weights=original), axis=1
@@ -251,6 +263,6 @@ def test_a_bf16_copy_in_lowp_minilm_dir_is_read_as_the_model(tmp_path, monkeypat
 
 def test_lowp_minilm_dir_without_the_model_names_the_variable(tmp_path, monkeypatch):
     monkeypatch.setenv(_minilm.DIR_VARIABLE, str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="LOWP_MINILM_DIR=.* has no model.safetensors"):
-        _minilm.model_dir()
-    assert not _minilm.available()
+    for call in (_minilm.model_dir, _minilm.available):  # named, never a quiet skip
+        with pytest.raises(FileNotFoundError, match="LOWP_MINILM_DIR=.* has no model.safetensors"):
+            call()

@@ -687,3 +687,23 @@ def test_fp8_kernels_run_only_where_the_recipe_gets_real_kernels():
         device = _FakeDevice(capability)
         assert run(fp8, "auto", device) == want_fp8 and run(mx, "auto", device) == want_mx
     assert not run(fp8, "emulated", _FakeDevice("9.0"))
+
+
+def test_the_high_precision_call_keeps_a_float32_kernel_gradient_in_float32(fp8_kernels_here):
+    """bfloat16 compute with the float32 master kernel: the fallback's dw is accumulated in
+    float32 and rounded once to float32 (as the recipes' wgrad is), not rounded to
+    bfloat16 the way differentiating `kernel.astype(bfloat16)` would."""
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal((8, 64)), jnp.bfloat16)
+    kernel = jnp.asarray(rng.standard_normal((64, 32)), jnp.float32)
+
+    def loss(k):
+        y = lowp_jax.training_dot_general(x, k, flax_dims(2), recipe="float8_rowwise")
+        assert y.dtype == jnp.bfloat16 and y.shape == (8, 32)
+        return y.astype(jnp.float32).sum()
+
+    dw = jax.grad(loss)(kernel)
+    assert dw.dtype == jnp.float32
+    assert not bool(jnp.all(dw.astype(jnp.bfloat16).astype(jnp.float32) == dw))
+    expected = np.asarray(x, np.float64).T @ np.ones((8, 32))
+    np.testing.assert_allclose(np.asarray(dw), expected, rtol=1e-6)

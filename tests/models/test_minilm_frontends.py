@@ -6,6 +6,7 @@ Each backend skips on its own where its framework is missing; everything skips w
 """
 
 import importlib.util
+import os
 
 import numpy as np
 import pytest
@@ -155,7 +156,9 @@ def test_paraphrases_rank_above_unrelated_pairs(backend):
 def test_known_answer(backend):
     e = backend.embed(["This is a test."])[0]
     assert abs(np.linalg.norm(e) - 1) < 1e-6
-    np.testing.assert_allclose(e[: len(THIS_IS_A_TEST)], THIS_IS_A_TEST, atol=1e-4, rtol=0)
+    # The bfloat16 copy of $LOWP_MINILM_DIR moves embeddings by up to 3.7e-4 (measured).
+    atol = 1e-3 if os.environ.get(_minilm.DIR_VARIABLE) else 1e-4
+    np.testing.assert_allclose(e[: len(THIS_IS_A_TEST)], THIS_IS_A_TEST, atol=atol, rtol=0)
 
 
 def test_every_projection_is_a_linear_named_as_the_checkpoint(backend):
