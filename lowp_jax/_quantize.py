@@ -119,9 +119,8 @@ def _encode_elements(v_bits, fmt, random, poisoned_elements) -> jax.Array:
     """Clamp to +-max, flush, round to codes; code 0 in poisoned groups.
 
     Poisoned elements are zeroed before rounding, and +0 rounds to code 0 under both
-    roundings (stochastic rounding never steps up from a zero fraction), so nothing is
-    selected after the encoder: a float8 code then comes straight out of XLA's convert,
-    the form XLA's fp8 GEMM rewriter recognizes in a dequantize pattern (`_dot`).
+    roundings (stochastic rounding never steps up from a zero fraction), so no select
+    follows the encoder: a float8 code comes straight out of XLA's convert.
     """
     b = _bits.ftz_bits(_bits.min_bits(v_bits, _encode.max_bits(fmt)))
     b = jnp.where(poisoned_elements, np.uint32(0), b)
