@@ -338,6 +338,18 @@ def cli(framework: str, make_trainer, description: str, argv=None) -> int:
     print(f"{framework}: {args.size} {cfg}")
     print(f"{framework}: {len(corpus.train)} training bytes of {corpus.files} stdlib files")
     results = {}
+
+    def write_json():
+        # after every run, so a run cut short by a time limit keeps the ones that finished
+        report = {
+            "framework": framework,
+            "size": args.size,
+            "device": device,
+            "config": dataclasses.asdict(cfg),
+            "runs": results,
+        }
+        pathlib.Path(args.json).write_text(json.dumps(report))
+
     with tempfile.TemporaryDirectory() as checkpoints:
         for run in runs:
             results[run] = train(
@@ -353,13 +365,6 @@ def cli(framework: str, make_trainer, description: str, argv=None) -> int:
                 f"{framework:>5} {run:>20} trained in {seconds:.0f} s; resume exact: {exact}",
                 flush=True,
             )
-    if args.json:
-        report = {
-            "framework": framework,
-            "size": args.size,
-            "device": device,
-            "config": dataclasses.asdict(cfg),
-            "runs": results,
-        }
-        pathlib.Path(args.json).write_text(json.dumps(report))
+            if args.json:
+                write_json()
     return 0
