@@ -38,9 +38,14 @@ _AMAX_PROGRAMS = 4096  # TensorScaling amax: programs loop over tiles, one atomi
 _ROWS_ONE_PASS = 4096  # AxisScaling rows up to this long stay in registers: one read
 _ROWS_CHUNK = 8192  # longer rows are read twice, in chunks of this many elements
 _TILE_ELEMENTS = 4096  # rows kernel: BLOCK_M * BLOCK_K when rows are short
-_TILE = (16, 512)  # (BLOCK_R, BLOCK_C) of the 2-D kernels, at most
-_AMAX_ROW_TILES = 16  # column maxima: tiles a program stacks per atomic, at most
+_TILE = (16, 512)  # (BLOCK_R, BLOCK_C) of the MX kernel along rows, at most
 _ELEMENTS_PER_THREAD = 32
+# The kernels with column groups (along axis -2, and both orientations at once) reduce
+# across threads and, for `quantize_both`, stage the transposed codes through shared
+# memory: their tiles are tuned on their own.
+_TILE_COLS = (16, 512)
+_COLS_ELEMENTS_PER_THREAD = 32
+_AMAX_ROW_TILES = 16  # column maxima: tiles a program stacks per atomic, at most
 
 
 def quantize(t: torch.Tensor, scheme) -> _qtensor.QuantizedTensor:
@@ -102,15 +107,17 @@ def quantize_both(t: torch.Tensor, scheme):
     view = (1,) + shape
     with _on_device(x):
         if isinstance(scheme, _schemes.AxisScaling):
-            row, col = _axis_2d(x, view, fmt, scheme.pow2, rows=True, cols=True)
+            row, col = _axis_2d(x, view, fmt, scheme.pow2, rows=True, cols=True, cols_t=True)
         elif isinstance(scheme, _schemes.MXScaling):
-            row, col = _mx_2d(x, view, scheme, fmt, rows=True, cols=True)
+            row, col = _mx_2d(x, view, scheme, fmt, rows=True, cols=True, cols_t=True)
         else:
             raise TypeError(f"quantize_both takes AxisScaling or MXScaling, got {scheme!r}")
     along_first = dataclasses.replace(scheme, axis=-2)
+    col_codes, col_scale = col
     return (
         _wrap(*row, scheme, shape, t.dtype, fmt),
-        _wrap(*col, along_first, shape, t.dtype, fmt),
+        # written transposed: a (C, R) buffer seen as (R, C), so t.T's codes are contiguous
+        _wrap(col_codes.t(), col_scale, along_first, shape, t.dtype, fmt),
     )
 
 
@@ -177,10 +184,12 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def _warps(tile_elements: int) -> int:
-    """Warps for a tile: _ELEMENTS_PER_THREAD each, between 1 and 32 (a one-pass row of
-    16384 elements: 32 warps of 51 registers a thread, against 16 of 100)."""
-    return min(32, max(1, tile_elements // (32 * _ELEMENTS_PER_THREAD)))
+def _warps(tile_elements: int, per_thread: int | None = None) -> int:
+    """Warps for a tile: per_thread elements each (default _ELEMENTS_PER_THREAD), between
+    1 and 32 (a one-pass row of 16384 elements: 32 warps of 51 registers a thread,
+    against 16 of 100)."""
+    per_thread = per_thread or _ELEMENTS_PER_THREAD
+    return min(32, max(1, tile_elements // (32 * per_thread)))
 
 
 # --- launches --------------------------------------------------------------------------
@@ -244,22 +253,23 @@ def _grid_2d(view, block_r, block_c) -> tuple[int, int, int]:
     return outer * tiles_r * tiles_c, tiles_r, tiles_c
 
 
-def _axis_2d(x, view, fmt, pow2, rows: bool, cols: bool):
-    """[(row codes, row scales) or None, (column codes, column scales) or None]."""
+def _axis_2d(x, view, fmt, pow2, rows: bool, cols: bool, cols_t: bool = False):
+    """[(row codes, row scales) or None, (column codes, column scales) or None]; cols_t:
+    the column codes of a 2-D view transposed, shape (C, R)."""
     outer, r, c = view
     device = x.device
     row_amax = torch.zeros(outer * r if rows else 1, dtype=torch.int32, device=device)
     col_amax = torch.zeros(outer * c if cols else 1, dtype=torch.int32, device=device)
     row_codes = torch.empty(x.shape if rows else 1, dtype=torch.uint8, device=device)
-    col_codes = torch.empty(x.shape if cols else 1, dtype=torch.uint8, device=device)
+    col_codes = _col_codes(x, view, cols, cols_t)
     row_scale = torch.empty(outer * r if rows else 1, dtype=torch.float32, device=device)
     col_scale = torch.empty(outer * c if cols else 1, dtype=torch.float32, device=device)
-    block_r = min(_TILE[0], _pow2_at_least(r))
-    block_c = min(_TILE[1], _pow2_at_least(c))
+    block_r = min(_TILE_COLS[0], _pow2_at_least(r))
+    block_c = min(_TILE_COLS[1], _pow2_at_least(c))
     programs, tiles_r, tiles_c = _grid_2d(view, block_r, block_c)
     if programs:
         common = {"ROWS": rows, "COLS": cols, "BLOCK_R": block_r, "BLOCK_C": block_c}
-        warps = _warps(block_r * block_c)
+        warps = _warps(block_r * block_c, _COLS_ELEMENTS_PER_THREAD)
         stack = min(_AMAX_ROW_TILES, tiles_r)
         stack = 1 << (stack.bit_length() - 1)  # a power of two, so the stack is a tile
         stacks = _grid_2d(view, block_r * stack, block_c)
@@ -279,6 +289,7 @@ def _axis_2d(x, view, fmt, pow2, rows: bool, cols: bool):
             tiles_r,
             tiles_c,
             POW2=pow2,
+            COLS_T=cols_t,
             num_warps=warps,
             **common,
             **_element_args(fmt, x),
@@ -286,13 +297,26 @@ def _axis_2d(x, view, fmt, pow2, rows: bool, cols: bool):
     return [(row_codes, row_scale) if rows else None, (col_codes, col_scale) if cols else None]
 
 
-def _mx_2d(x, view, scheme, fmt, rows: bool, cols: bool):
-    """[(row codes, row scale bytes) or None, (column codes, column scale bytes) or None]."""
+def _col_codes(x, view, cols: bool, cols_t: bool) -> torch.Tensor:
+    """The buffer of the column codes: x's shape, or (C, R) transposed (2-D views only)."""
+    if not cols:
+        return torch.empty(1, dtype=torch.uint8, device=x.device)
+    if cols_t:
+        outer, r, c = view
+        if outer != 1:
+            raise ValueError(f"transposed column codes need a 2-D view, got {view}")
+        return torch.empty((c, r), dtype=torch.uint8, device=x.device)
+    return torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+
+
+def _mx_2d(x, view, scheme, fmt, rows: bool, cols: bool, cols_t: bool = False):
+    """[(row codes, row scale bytes) or None, (column codes, column scale bytes) or None];
+    cols_t as in `_axis_2d`."""
     outer, r, c = view
     group = scheme.block
     device = x.device
     row_codes = torch.empty(x.shape if rows else 1, dtype=torch.uint8, device=device)
-    col_codes = torch.empty(x.shape if cols else 1, dtype=torch.uint8, device=device)
+    col_codes = _col_codes(x, view, cols, cols_t)
     row_scale = torch.empty(
         outer * r * (c // group) if rows else 1, dtype=torch.uint8, device=device
     )
@@ -300,8 +324,9 @@ def _mx_2d(x, view, scheme, fmt, rows: bool, cols: bool):
         outer * (r // group) * c if cols else 1, dtype=torch.uint8, device=device
     )
     # Tiles hold whole blocks along each grouped axis (group divides that axis).
-    block_r = min(_TILE[0], _pow2_at_least(r))
-    block_c = min(_TILE[1], _pow2_at_least(c))
+    tile, per_thread = (_TILE_COLS, _COLS_ELEMENTS_PER_THREAD) if cols else (_TILE, None)
+    block_r = min(tile[0], _pow2_at_least(r))
+    block_c = min(tile[1], _pow2_at_least(c))
     if cols:
         block_r = max(block_r, group)
     if rows:
@@ -320,13 +345,14 @@ def _mx_2d(x, view, scheme, fmt, rows: bool, cols: bool):
             tiles_c,
             ROWS=rows,
             COLS=cols,
+            COLS_T=cols_t,
             GROUP=group,
             MODE=_MX_MODES[scheme.mode],
             EMAX=fmt.emax,
             MAX_MANTISSA=fmt.max_mantissa,
             BLOCK_R=block_r,
             BLOCK_C=block_c,
-            num_warps=_warps(block_r * block_c),
+            num_warps=_warps(block_r * block_c, per_thread),
             **_element_args(fmt, x),
         )
     return [(row_codes, row_scale) if rows else None, (col_codes, col_scale) if cols else None]

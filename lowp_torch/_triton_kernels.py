@@ -5,24 +5,29 @@ float16; the conversion to float32 is exact) and writes uint8 codes and the scal
 They compute what `lowp/_quantize.py` computes, with the operations spec §0 allows:
 
 - every max, flush, exponent and power of two is integer arithmetic on float32 bits
-  (`_ftz`, `_abs_bits`, `_mx_scale`), so hardware that flushes subnormals cannot
-  change a byte;
+  (`_ftz`, `_abs_bits`, `_flush_max`, `_mx_scale`), or an instruction that states its
+  flush (`_mul_ftz`), so hardware that flushes subnormals cannot change a byte;
 - the two divisions of the float scales, `max / max(amax, EPS)` and `1 / m`, are
   `tl.math.div_rn`, the correctly rounded divide: Triton's `/` on float32 is an
   approximate one (spec §0.4);
-- the only other float operation is one product, `x * m` (or `x * 2^(127-s)`), whose
-  result is flushed, clamped and encoded: no add follows a product, so FMA contraction
-  has nothing to contract;
+- the only other float operation is one product, `x * m` (or `x * 2^(127-s)`) of the
+  flushed x, whose result is flushed, clamped and encoded: no add follows a product,
+  so FMA contraction has nothing to contract (on the GPU it is `mul.rn.ftz.f32`);
 - the element is clamped to ±max and flushed before it is encoded, and poisoned groups
   (NaN/Inf, spec §6) are replaced by +0 first, so the encoder only ever sees finite
   in-range values. For those, the native round-to-nearest-even conversion
   (`cvt.rn.satfinite.e4m3x2/e5m2x2.f32`, which Triton 3.6 emits on sm_90+; on sm_89 it
-  rounds to f16 first, so there `NATIVE` is off) is exactly E_fmt of spec §2: its
-  saturation never triggers, and its subnormal and tie handling is IEEE's (§0.5 allows
-  it). The Triton CPU interpreter's emulation of that cast is not round-to-nearest-even
-  (it rounds ties up and drops the carry into the exponent), so under the interpreter
-  the kernels use `_encode_bits`, the integer encoder of spec §2, instead: `NATIVE`
-  (see `_triton_casts._native`).
+  rounds to f16 first, so there `NATIVE` is off) is exactly E_fmt of spec §2, and it
+  does the clamp and the flush itself: `.satfinite` turns a finite |v| > max into ±max
+  (the clamp to ±max, since max is representable), and a float32 subnormal lies below
+  half the smallest fp8 subnormal (2^-17 for e5m2), so it rounds to the zero of its
+  sign, as the flush does. The native `_encode` is therefore a product, a select and
+  the cast: three operations an element where the integer path takes a dozen (the
+  casts are close to instruction-bound on the H200). The Triton CPU interpreter's
+  emulation of that cast is not round-to-nearest-even (it rounds ties up and drops
+  the carry into the exponent), so under the interpreter the kernels use
+  `_encode_bits`, the integer encoder of spec §2, after an explicit flush and clamp:
+  `NATIVE` (see `_triton_casts._native`).
 
 Shapes are viewed as (outer, R, C) with C contiguous: groups along C are "rows"
 (AxisScaling / MXScaling along the last axis), groups along R are "columns" (along
@@ -39,6 +44,7 @@ _ABS_MASK = tl.constexpr(0x7FFFFFFF)
 _SIGN = tl.constexpr(-2147483648)  # 0x80000000 as an int32
 _NAN_F32 = tl.constexpr(0x7FC00000)
 _EPS_BITS = tl.constexpr(0x2B8CBCCC)  # float32(1e-12), the float scales' amax floor (§3.1)
+_MIN_NORMAL_BITS = tl.constexpr(0x00800000)  # the smallest normal float32, 2^-126
 
 
 @triton.jit
@@ -51,21 +57,46 @@ def _ftz(v):
 
 @triton.jit
 def _abs_bits(x):
-    """|x| as int32 patterns of an already flushed x: an exact, NaN-aware max key."""
+    """|x| as int32 patterns: an exact, NaN-aware max key. x is not flushed: the max of
+    flushed values is the flushed max, so each group flushes its max once
+    (`_flush_max`) instead of every element being flushed for it."""
     return x.to(tl.int32, bitcast=True) & _ABS_MASK
 
 
 @triton.jit
+def _flush_max(amax_bits):
+    """A group's max |x| pattern, flushed: a subnormal max becomes 0 (spec §0.2)."""
+    return tl.where(amax_bits < _MIN_NORMAL_BITS, 0, amax_bits)
+
+
+@triton.jit
 def _load(ptr, offsets, mask):
-    """float32 x, flushed; masked lanes read 0 (neutral for a max of |x| bits)."""
-    return _ftz(tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32))
+    """float32 x, as stored (not flushed); masked lanes read 0 (neutral for a max of
+    |x| bits, and encoded nowhere)."""
+    return tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _mul_ftz(x, multiplier):
+    """ftz(ftz(x) * multiplier) in one instruction: PTX `mul.rn.ftz.f32` flushes a
+    subnormal operand or result to the zero of its sign (`.rn`: correctly rounded,
+    and never contracted into an FMA)."""
+    return tl.inline_asm_elementwise(
+        "mul.rn.ftz.f32 $0, $1, $2;",
+        "=f,f,f",
+        [x, tl.broadcast_to(multiplier, x.shape)],
+        dtype=tl.float32,
+        is_pure=True,
+        pack=1,
+    )
 
 
 @triton.jit
 def _float_scale(amax_bits, FMT_MAX: tl.constexpr, POW2: tl.constexpr):
     """(m, stored scale d, poisoned) of spec §3.1 for group amax patterns (any shape)."""
     poisoned = amax_bits >= _EXP_MASK
-    # A poisoned group's amax counts as 0; max(amax, EPS) on bits is exact.
+    # A poisoned group's amax counts as 0; max(amax, EPS) on bits is exact, and it
+    # flushes a subnormal amax too (EPS is normal).
     safe = tl.where(poisoned, _EPS_BITS, tl.maximum(amax_bits, _EPS_BITS))
     m = tl.math.div_rn(
         tl.zeros_like(safe).to(tl.float32) + FMT_MAX, safe.to(tl.float32, bitcast=True)
@@ -81,7 +112,7 @@ def _float_scale(amax_bits, FMT_MAX: tl.constexpr, POW2: tl.constexpr):
 def _mx_scale(amax_bits, MODE: tl.constexpr, EMAX: tl.constexpr, MAX_MANTISSA: tl.constexpr):
     """(multiplier 2^(127-s), e8m0 byte s, poisoned) of spec §3.2; MODE 0 floor, 1 ceil, 2 rceil."""
     poisoned = amax_bits >= _EXP_MASK
-    a = tl.where(poisoned, 0, amax_bits)
+    a = tl.where(poisoned, 0, _flush_max(amax_bits))
     exponent = (a >> 23) & 0xFF
     mantissa = a & 0x7FFFFF
     if MODE == 1:
@@ -125,16 +156,18 @@ def _encode(
     BIAS: tl.constexpr,
     NATIVE: tl.constexpr,
 ):
-    """uint8 codes of ftz(x * multiplier), clamped to ±max; code 0 where poisoned."""
-    v = _ftz(x * multiplier)
-    v = tl.where(poisoned, 0.0, v)
-    v = tl.minimum(tl.maximum(v, -FMT_MAX), FMT_MAX)
+    """uint8 codes of ftz(ftz(x) * multiplier), clamped to ±max; code 0 where poisoned.
+    NATIVE: the cast's saturation and rounding do the clamp and the flush (module
+    docstring)."""
     if NATIVE:
+        v = tl.where(poisoned, 0.0, _mul_ftz(x, multiplier))
         if EBITS == 5:
             c = v.to(tl.float8e5, fp_downcast_rounding="rtne")
         else:
             c = v.to(tl.float8e4nv, fp_downcast_rounding="rtne")
         return c.to(tl.uint8, bitcast=True)
+    v = tl.where(poisoned, 0.0, _ftz(_ftz(x) * multiplier))
+    v = tl.minimum(tl.maximum(v, -FMT_MAX), FMT_MAX)
     return _encode_bits(v, EBITS, MBITS, BIAS)
 
 
@@ -251,6 +284,18 @@ def _span(tile, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _col_offsets(o, r, c, R, C, COLS_T: tl.constexpr):
+    """Where the column codes of elements (o, r, c) go: in place, (outer, R, C), or
+    with COLS_T transposed, (outer, C, R). The transposed codes are what a backward
+    GEMM takes (the wgrad's x.T and dy.T, the dgrad's w.T, each K-major): written so
+    here, they need no transposing copy (Triton stages the tile through shared memory
+    to keep the stores coalesced)."""
+    if COLS_T:
+        return o * R * C + c * R + r
+    return o * R * C + r * C + c
+
+
+@triton.jit
 def axis_amax_2d_kernel(
     x_ptr,
     row_amax_ptr,
@@ -300,6 +345,7 @@ def axis_cast_2d_kernel(
     tiles_c,
     ROWS: tl.constexpr,
     COLS: tl.constexpr,
+    COLS_T: tl.constexpr,
     FMT_MAX: tl.constexpr,
     EBITS: tl.constexpr,
     MBITS: tl.constexpr,
@@ -310,7 +356,8 @@ def axis_cast_2d_kernel(
     BLOCK_C: tl.constexpr,
 ):
     """One read of a tile, codes scaled by its rows' and/or its columns' maxima; the
-    first tile of each row (column) stores that row's (column's) scale."""
+    first tile of each row (column) stores that row's (column's) scale. COLS_T: the
+    column codes go out transposed, (outer, C, R) (`_col_offsets`)."""
     o, tr, tc = _tile(tl.program_id(0), tiles_r, tiles_c)
     r, c = _span(tr, BLOCK_R), _span(tc, BLOCK_C)
     row_mask, col_mask = r < R, c < C
@@ -327,7 +374,8 @@ def axis_cast_2d_kernel(
         amax = tl.load(col_amax_ptr + o * C + c, mask=col_mask, other=0)
         m, scale, poisoned = _float_scale(amax, FMT_MAX, POW2)
         codes = _encode(x, m[None, :], poisoned[None, :], FMT_MAX, EBITS, MBITS, BIAS, NATIVE)
-        tl.store(col_codes_ptr + offsets, codes, mask=mask)
+        col_offsets = _col_offsets(o, r[:, None], c[None, :], R, C, COLS_T)
+        tl.store(col_codes_ptr + col_offsets, codes, mask=mask)
         tl.store(col_scale_ptr + o * C + c, scale, mask=col_mask & (tr == 0))
 
 
@@ -344,6 +392,7 @@ def mx_2d_kernel(
     tiles_c,
     ROWS: tl.constexpr,
     COLS: tl.constexpr,
+    COLS_T: tl.constexpr,
     GROUP: tl.constexpr,
     MODE: tl.constexpr,
     EMAX: tl.constexpr,
@@ -357,7 +406,8 @@ def mx_2d_kernel(
     BLOCK_C: tl.constexpr,
 ):
     """MX blocks of GROUP elements along C (ROWS; scales (outer, R, C/GROUP)) and/or
-    along R (COLS; scales (outer, R/GROUP, C)), from one read of a tile.
+    along R (COLS; scales (outer, R/GROUP, C)), from one read of a tile; COLS_T as in
+    `axis_cast_2d_kernel`.
 
     The tile is held as 4-D, (BLOCK_R / GR, GR, BLOCK_C / GC, GC) with GC = GROUP for
     row blocks and GR = GROUP for column blocks (else 1): each block is then a slice
@@ -393,7 +443,7 @@ def mx_2d_kernel(
         codes = _encode(
             x, mult[:, None, :, :], poisoned[:, None, :, :], FMT_MAX, EBITS, MBITS, BIAS, NATIVE
         )
-        tl.store(col_codes_ptr + offsets, codes, mask=mask)
+        tl.store(col_codes_ptr + _col_offsets(o, r, c, R, C, COLS_T), codes, mask=mask)
         first = (tl.arange(0, GR) == 0)[None, :, None, None]
         scale_offsets = tl.broadcast_to(o * (R // GR) * C + r_block * C + c, shape)
         tl.store(col_scale_ptr + scale_offsets, s[:, None, :, :].to(tl.uint8), mask=mask & first)

@@ -52,6 +52,7 @@ SMALL_TILES = {
     "_ROWS_CHUNK": 16,
     "_TILE_ELEMENTS": 64,
     "_TILE": (4, 16),
+    "_TILE_COLS": (4, 16),
     "_AMAX_ROW_TILES": 2,
 }
 
@@ -67,8 +68,10 @@ class Case:
     """One configuration of lowp._conformance, and how the Triton path runs it.
 
     variant: "quantize" (through `lowp_torch.quantize` under cast_kernels("triton")),
-    "small_tiles" (the same with SMALL_TILES), or "both" (`quantize_both`, compared
-    with the reference along axis -1 and along axis -2).
+    "small_tiles" (the same with SMALL_TILES), "both" (`quantize_both`, compared
+    with the reference along axis -1 and along axis -2, its column codes written
+    transposed) or "both_small_tiles" (the same with SMALL_TILES: many tiles, masked
+    ones at the edges, each storing its transposed codes).
     """
 
     config: cases.Configuration
@@ -122,6 +125,9 @@ def plan() -> list[Case]:
     ):
         out.append(Case(cases.Configuration(scheme, (6, 32), "bfloat16"), "both"))
     out.append(Case(cases.Configuration(lowp.MXScaling(block=2), (6, 0)), "both"))
+    for scheme in (lowp.AxisScaling(pow2=True), lowp.MXScaling(block=2, mode="rceil")):
+        config = cases.Configuration(scheme, (6, 40), "bfloat16")
+        out.append(Case(config, "both_small_tiles", SMALL_TILE_EDGES))
     return out
 
 
@@ -168,17 +174,20 @@ def run_case(case: Case, device: str) -> list[str]:
         if case.edges is not None and edge.split("#")[0] not in case.edges:
             continue
         t = torch.from_numpy(_bits_of(x)).view(getattr(torch, case.config.hp_dtype)).to(device)
-        if case.variant == "both":
-            rows, cols = _triton_casts.quantize_both(t, scheme)
+        tiles = (
+            unittest.mock.patch.multiple(_triton_casts, **SMALL_TILES)
+            if case.variant.endswith("small_tiles")
+            else contextlib.nullcontext()
+        )
+        if case.variant.startswith("both"):
+            with tiles:
+                rows, cols = _triton_casts.quantize_both(t, scheme)
             along_first = dataclasses.replace(scheme, axis=-2)
             problems = _differences(x, _reference(x, scheme), rows)
             problems += [f"axis -2: {p}" for p in _differences(x, _reference(x, along_first), cols)]
+            if not cols.codes.t().is_contiguous():  # written K-major for the backward GEMMs
+                problems.append(f"axis -2 codes not transposed: strides {cols.codes.stride()}")
         else:
-            tiles = (
-                unittest.mock.patch.multiple(_triton_casts, **SMALL_TILES)
-                if case.variant == "small_tiles"
-                else contextlib.nullcontext()
-            )
             with tiles, lowp_torch.cast_kernels("triton"):
                 q = lowp_torch.quantize(t, scheme)
             problems = _differences(x, _reference(x, scheme), q)
@@ -320,14 +329,14 @@ def _ptx_variants(native: bool) -> dict:
         "axis-both": (
             K.axis_cast_2d_kernel,
             axis,
-            both | {"POW2": False, "BLOCK_R": 16, "BLOCK_C": 256} | fmt(E4M3),
+            both | {"COLS_T": True, "POW2": False, "BLOCK_R": 16, "BLOCK_C": 256} | fmt(E4M3),
             "e4m3",
             True,
         ),
         "mx-both": (
             K.mx_2d_kernel,
             mx,
-            both | mx_consts | {"BLOCK_R": 32, "BLOCK_C": 256} | fmt(E4M3),
+            both | mx_consts | {"COLS_T": True, "BLOCK_R": 32, "BLOCK_C": 256} | fmt(E4M3),
             "e4m3",
             False,
         ),
@@ -342,13 +351,14 @@ PTX_VARIANTS += ["rows-chunked", "axis-amax-both", "axis-both", "mx-both"]
 @pytest.mark.parametrize("sm", [80, 89, 90])
 @pytest.mark.parametrize("variant", PTX_VARIANTS)
 def test_compiled_code_divides_exactly_never_contracts_or_flushes(variant, sm):
-    """Compiled for sm_80, sm_89 and sm_90, the only float arithmetic is `mul.f32` and,
-    for float scales, `div.rn.f32` (IEEE; Triton's `/` would be `div.full.f32`,
-    approximate): no add for a product to be contracted into (no FMA), no `.ftz`
-    flushing anywhere. The fp8 conversion, where `native_cast_exact` allows Triton's
-    (sm_90+), is the one round-to-nearest-even `cvt.rn.satfinite.*.f32`; below it (sm_89
-    rounds to f16 first, sm_80 rounds e5m2 ties up) there is no fp8 conversion at all:
-    the integer encoder (spec §0.4-§0.6)."""
+    """Compiled for sm_80, sm_89 and sm_90, the only float arithmetic is the products
+    and, for float scales, `div.rn.f32` (IEEE; Triton's `/` would be `div.full.f32`,
+    approximate): no add for a product to be contracted into (no FMA). The fp8
+    conversion, where `native_cast_exact` allows Triton's (sm_90+), is the one
+    round-to-nearest-even `cvt.rn.satfinite.*.f32`, fed by `mul.rn.ftz.f32`, whose flush
+    is the spec's (§0.2) and the only `.ftz` there is; below it (sm_89 rounds to f16
+    first, sm_80 rounds e5m2 ties up) there is no fp8 conversion and no `.ftz` at all:
+    plain `mul.f32` and the integer encoder (spec §0.4-§0.6)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -369,8 +379,11 @@ def test_compiled_code_divides_exactly_never_contracts_or_flushes(variant, sm):
     # The only float arithmetic: products, each rounded once, and IEEE divisions.
     arithmetic = {op for op in ops if op.endswith((".f32", ".f16", ".bf16"))}
     arithmetic -= {op for op in arithmetic if op.startswith("cvt")}
-    assert arithmetic <= {"mul.f32", "div.rn.f32"}, ops
-    assert ".ftz" not in ptx
+    product = "mul.rn.ftz.f32" if native and fp8 else "mul.f32"
+    assert arithmetic <= {product, "div.rn.f32"}, ops
+    assert len(re.findall(r"\.ftz", ptx)) == len(re.findall(r"mul\.rn\.ftz\.f32", ptx)), ops
+    if not (native and fp8):
+        assert ".ftz" not in ptx
     conversions = {op for op in ops if op.startswith("cvt") and ("e4m3" in op or "e5m2" in op)}
     assert conversions == ({f"cvt.rn.satfinite.{fp8}x2.f32"} if fp8 and native else set()), ops
     assert ("div.rn.f32" in ops) == divides, ops
