@@ -103,14 +103,14 @@ TUNE_GRID = {
         "_ELEMENTS_PER_THREAD": _PER_THREAD,
     },
     "rowwise_axis0": {
-        "_TILE_COLS": _TILES_2D + ((64, 64), (128, 64)),
+        "_TILE_COLS": ((64, 64), (32, 64), (64, 32), (128, 32), (32, 32), (128, 64)),
         "_COLS_ELEMENTS_PER_THREAD": _PER_THREAD,
         "_AMAX_ROW_TILES": (4, 16),
     },
     "mxfp8": {"_TILE": _TILES_2D, "_ELEMENTS_PER_THREAD": _PER_THREAD},
     "mxfp8_axis0": {
-        "_TILE_COLS": ((32, 128), (32, 256), (32, 512), (64, 64), (64, 128), (128, 64)),
-        "_COLS_ELEMENTS_PER_THREAD": (4,) + _PER_THREAD,
+        "_TILE_COLS": ((32, 128), (64, 64), (32, 64), (64, 32), (128, 32), (32, 32)),
+        "_COLS_ELEMENTS_PER_THREAD": _PER_THREAD,
     },
 }
 TUNE_GRID["rowwise_pow2"] = TUNE_GRID["rowwise"]

@@ -313,7 +313,11 @@ def fp8_kernels_run(recipe, device: torch.device, lowering: Lowering) -> bool:
     if lowering.kernel == "emulated" or device.type != "cuda":
         return False
     block_scaled = isinstance(recipe.forward.a, (_schemes.MXScaling, _schemes.NVFP4Scaling))
-    return _gemm._cuda_capability(device.index) >= ((10, 0) if block_scaled else (8, 9))
+    # Ints, not tuples: torch 2.11's Dynamo fails comparing the tuple that
+    # assume_constant_result returns (InternalTorchDynamoError in a guard, seen on the
+    # H200 with a compiled lowp_torch.Linear).
+    major, minor = _gemm._cuda_capability(device.index)
+    return 10 * major + minor >= (100 if block_scaled else 89)
 
 
 def _high_precision_linear(x, weight, bias, main_grad):
