@@ -52,6 +52,8 @@ def train_both(args, out: pathlib.Path) -> dict:
     common = ["--size", args.size, "--device", args.device, "--runs", args.runs]
     if args.steps:
         common += ["--steps", str(args.steps)]
+    if args.deterministic:
+        common.append("--deterministic")
     procs = {}
     for fw in FRAMEWORKS:
         command = [
@@ -196,6 +198,11 @@ def main(argv=None) -> int:
         "--runs", default=",".join(tinylm.RUNS), help="comma-separated: bf16 and/or recipe names"
     )
     parser.add_argument("--out", default="out/train_tiny_lm", help="directory for the PNG and JSON")
+    parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="deterministic GPU kernels in both frameworks (exact resume on a GPU too)",
+    )
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -309,11 +309,13 @@ def _resumes_exactly(trainer, checkpoint, batches: dict, losses: list, weights: 
 # --- the command line of train_torch.py and train_jax.py ---
 
 
-def cli(framework: str, make_trainer, description: str, argv=None) -> int:
+def cli(framework: str, make_trainer, description: str, argv=None, deterministic=None) -> int:
     """Train the runs named on the command line and write their losses as JSON.
 
     `make_trainer(cfg, run, params, device)` builds the framework's Trainer;
-    device is "cpu" or "gpu" ("cuda" is taken as "gpu").
+    device is "cpu" or "gpu" ("cuda" is taken as "gpu"). `deterministic()`, called
+    before anything runs under --deterministic, puts the framework in its deterministic
+    mode (the GPU's atomics-based kernels differ from run to run; the CPU's do not).
     """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
@@ -325,7 +327,14 @@ def cli(framework: str, make_trainer, description: str, argv=None) -> int:
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu", "cuda"))
     parser.add_argument("--json", help="write the losses here")
+    parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="deterministic GPU kernels, so that a resume can be exact there too",
+    )
     args = parser.parse_args(argv)
+    if args.deterministic:
+        deterministic()
     cfg = SIZES[args.size]
     if args.steps:
         cfg = dataclasses.replace(cfg, steps=args.steps, warmup=max(1, args.steps // 10))

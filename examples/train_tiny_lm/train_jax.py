@@ -9,6 +9,7 @@ The twin of `train_torch.py`: the same model, weights, batches, schedule and pre
 """
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -217,5 +218,15 @@ class Trainer:
         return export_params(self.state, self.names)
 
 
+def deterministic() -> None:
+    """XLA's deterministic GPU ops (scatter-adds without atomics, autotuning that picks
+    the same GEMM each run). XLA_FLAGS is read when the backend starts: before any
+    array exists, which is when `tinylm.cli` calls this."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_gpu_deterministic_ops=true".strip()
+
+
 if __name__ == "__main__":
-    raise SystemExit(tinylm.cli("jax", Trainer, __doc__.splitlines()[0]))
+    raise SystemExit(
+        tinylm.cli("jax", Trainer, __doc__.splitlines()[0], deterministic=deterministic)
+    )

@@ -9,6 +9,7 @@ alone and prints its losses. The model, data and precision are described in
 """
 
 import math
+import os
 
 import numpy as np
 import tinylm
@@ -135,5 +136,15 @@ class Trainer:
         return {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
 
 
+def deterministic() -> None:
+    """cuBLAS with a fixed workspace split and PyTorch's deterministic kernels (an op
+    without one warns). lowp's own Triton casts are deterministic as they are: their
+    only atomics take maxima, which do not depend on order."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 if __name__ == "__main__":
-    raise SystemExit(tinylm.cli("torch", Trainer, __doc__.splitlines()[0]))
+    raise SystemExit(
+        tinylm.cli("torch", Trainer, __doc__.splitlines()[0], deterministic=deterministic)
+    )
