@@ -184,11 +184,16 @@ class MiniLM(nnx.Module):
           input_ids, attention_mask: (batch, seq) integer arrays, as the tokenizer gives.
         """
         keep = attention_mask.astype(bool)[:, None, None, :]
-        x = self.embeddings(input_ids)
-        states = [x]
-        for layer in self.encoder.layer:
-            x = layer(x, keep)
-            states.append(x)
+        # float32 dots in float32, as PyTorch's default: JAX's own default on a GPU is
+        # TF32 (10-bit mantissas), which moved the H200's hidden states 1e-4 from the
+        # float64 reference after one layer. bf16 and fp8 operands are not affected;
+        # emulated quantized dots (float32 operands) get spec §7's float32 products.
+        with jax.default_matmul_precision("float32"):
+            x = self.embeddings(input_ids)
+            states = [x]
+            for layer in self.encoder.layer:
+                x = layer(x, keep)
+                states.append(x)
         return states
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
