@@ -9,8 +9,10 @@ holds, and `triton_problem` names the first that does not:
   scheme admits (else the torch path raises the error naming it). Under the Triton
   CPU interpreter (`TRITON_INTERPRET=1`, which the tests use) `cast_kernels("triton")`
   also runs the kernels on CPU tensors; "auto" never does;
-- not traced by torch.compile: Inductor generates its own fused kernel from the
-  torch ops, and an opaque Triton launch would only break the graph;
+- under torch.compile, the same: the compiled graph then calls the kernels through
+  custom ops (`torch.ops.lowp.triton_quantize`, `triton_quantize_both`), opaque to
+  Inductor, without a graph break. `cast_kernels("torch")` keeps the torch ops there
+  instead, for Inductor to fuse with what produces the input;
 - nearest rounding and `check_finite=False` (stochastic rounding and the finite check
   stay on the torch path);
 - triton importable;
@@ -31,7 +33,6 @@ caller does not reach (found on the H200: the backward's casts ignored the block
 """
 
 import contextlib
-import functools
 import importlib.util
 import os
 
@@ -54,7 +55,8 @@ def cast_kernels(mode: str):
         it, else torch ops), "triton" (ValueError naming the reason where Triton cannot
         run) or "torch" (always the torch-ops algorithm, also on CUDA).
 
-    Under torch.compile the torch ops are always traced, whatever the mode.
+    The mode holds under torch.compile too, read when the graph is traced: a graph
+    compiled under "torch" keeps Inductor's kernels of the torch ops.
 
     >>> import torch, lowp, lowp_torch
     >>> with lowp_torch.cast_kernels("torch"):
@@ -77,8 +79,6 @@ def use_triton(t, scheme, *, rounding, random_bits, seed, offset, check_finite, 
     Logs the choice at debug level; ValueError under `cast_kernels("triton")` where
     they cannot run.
     """
-    if isinstance(t, torch.Tensor) and _storage.traced(t):
-        return False  # compiled code: Inductor fuses the torch ops itself
     mode = _MODE[0]
     if mode == "torch":
         _log.debug(f"{name}: quantize on torch ops (cast_kernels('torch'))")
@@ -132,9 +132,11 @@ def _describe(t) -> str:
     return f"{type(t).__name__} of {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
 
 
-@functools.cache
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # found, not imported
+
+
 def _triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    return _TRITON_INSTALLED
 
 
 def _interpreting() -> bool:

@@ -5,7 +5,7 @@
 | numpy               | `lowp` itself (the reference), on a non-contiguous view     |
 | torch_cpu           | `lowp_torch`, eager, on the CPU                             |
 | torch_cuda_eager    | `lowp_torch`, eager, on CUDA                                |
-| torch_cuda_compiled | `lowp_torch` under `torch.compile(fullgraph=True, dynamic=False)` on CUDA |
+| torch_cuda_compiled | `lowp_torch` under `torch.compile(fullgraph=True, dynamic=False)` on CUDA: the Triton casts' custom ops, and (as an alternate) Inductor's kernels of the torch ops |
 | jax_cpu             | `lowp_jax` under `jax.jit`, on the CPU device               |
 | jax_gpu             | `lowp_jax` under `jax.jit`, on the GPU device               |
 
@@ -94,10 +94,13 @@ class TorchBackend:
         import lowp_torch
 
         t = torch.from_numpy(_int_view(x)).view(getattr(torch, config.hp_dtype)).to(self.device)
-        with self._dynamo_limits():
-            q, outs = self._roundtrip(config)(t)
-        dequantized = {d: _torch_to_numpy(o) for d, o in zip(config.out_dtypes, outs)}
-        got = {"quantized": lowp_torch.to_lowp(q), "dequantized": dequantized}
+        q, got = self._outputs(config, t, "auto")
+        if self.compiled and self._triton_casts(config):
+            # The compiled graph calls the Triton casts; Inductor's own kernels of the
+            # torch ops (cast_kernels("torch")) are the other compiled path users have.
+            got["alternates"] = {
+                "inductor": compare.Outputs(**self._outputs(config, t, "torch")[1])
+            }
         if config.extras and not self.compiled:  # layouts and imports are eager code
             if blockable(config.scheme, config.shape):
                 blocked = q.with_scale_layout("cublas_blocked")
@@ -112,12 +115,34 @@ class TorchBackend:
         with self._dynamo_limits():
             return gemm.torch_paths(case, a, b, self.device, self.compiled)
 
-    def _roundtrip(self, config):
-        """quantize + dequantize as one function, compiled once per scheme and rounding."""
+    def _outputs(self, config, t, kernels: str) -> tuple:
+        """(the QuantizedTensor, Outputs fields) of t under cast_kernels(kernels)."""
+        import lowp_torch
+
+        with self._dynamo_limits(), lowp_torch.cast_kernels(kernels):
+            q, outs = self._roundtrip(config, kernels)(t)
+        dequantized = {d: _torch_to_numpy(o) for d, o in zip(config.out_dtypes, outs)}
+        return q, {"quantized": lowp_torch.to_lowp(q), "dequantized": dequantized}
+
+    @staticmethod
+    def _triton_casts(config) -> bool:
+        """Whether a CUDA quantize of `config` takes the Triton casts under "auto"."""
+        from lowp_torch import _cast_kernels
+
+        kwargs = config.rounding_kwargs()
+        return (
+            kwargs.get("rounding", "nearest") == "nearest"
+            and not kwargs.get("check_finite", False)
+            and _cast_kernels.scheme_problem(config.scheme) is None
+        )
+
+    def _roundtrip(self, config, kernels: str = "auto"):
+        """quantize + dequantize as one function, compiled once per scheme, rounding and
+        kernel choice."""
         import lowp_torch
 
         kwargs = config.rounding_kwargs()
-        key = (config.scheme, tuple(kwargs.items()), config.out_dtypes)
+        key = (config.scheme, tuple(kwargs.items()), config.out_dtypes, kernels)
         if key not in self._functions:
             import torch
 

@@ -27,6 +27,9 @@ class Outputs:
       unblocked: `blocked` converted back to the plain layout, or None.
       imported: its dequantize (input dtype) of the reference's bytes loaded into the
         backend, or None.
+      alternates: kernel choice -> the Outputs of the same quantize + dequantize on
+        other kernels of the backend (torch_cuda_compiled: Inductor's kernels of the
+        torch ops beside the Triton casts), each checked as `got` is.
     """
 
     quantized: _qtensor.QTensor
@@ -35,6 +38,7 @@ class Outputs:
     blocked_dequantized: np.ndarray | None = None
     unblocked: _qtensor.QTensor | None = None
     imported: np.ndarray | None = None
+    alternates: dict = dataclasses.field(default_factory=dict)
 
 
 def differences(x: np.ndarray, ref: _qtensor.QTensor, got: Outputs) -> list[str]:
@@ -94,6 +98,8 @@ def differences(x: np.ndarray, ref: _qtensor.QTensor, got: Outputs) -> list[str]
                 "dequantize(reference bytes)", got.imported, want, x, scheme, "elements"
             )
         )
+    for kernels, alternate in got.alternates.items():
+        problems += [f"[{kernels}] {p}" for p in differences(x, ref, alternate)]
     return [p for p in problems if p]
 
 

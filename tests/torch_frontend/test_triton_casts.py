@@ -554,19 +554,17 @@ def test_the_mode_reaches_other_threads():
     assert seen == ["torch"]
 
 
-def test_compiled_code_never_takes_the_triton_path():
+def test_compiled_code_takes_the_mode_traced_with():
+    """While tracing, the mode decides as in eager code: "torch" keeps the torch ops
+    (for Inductor), and "auto" never takes the Triton casts for a CPU tensor (the
+    compiled CUDA path is `test_compiled_code_calls_the_triton_casts_as_custom_ops`)."""
     tracing = unittest.mock.patch.object(torch.compiler, "is_compiling", return_value=True)
-    with tracing, lowp_torch.cast_kernels("triton"):  # the mode is ignored while tracing
-        assert not _cast_kernels.use_triton(
-            torch.ones(4),
-            lowp.TensorScaling(),
-            rounding="nearest",
-            random_bits=None,
-            seed=None,
-            offset=0,
-            check_finite=False,
-            name="x",
-        )
+    kwargs = dict(rounding="nearest", random_bits=None, seed=None, offset=0, check_finite=False)
+    for mode in ("torch", "auto"):
+        with tracing, lowp_torch.cast_kernels(mode):
+            assert not _cast_kernels.use_triton(
+                torch.ones(4), lowp.TensorScaling(), name="x", **kwargs
+            )
 
 
 # --- the transposed-codes copy (`_cast_kernels.contiguous`, `_triton_transpose`) --------
@@ -649,3 +647,111 @@ def test_contiguous_leaves_other_tensors_to_torch():
 
 if __name__ == "__main__":
     _interpreter_main(int(sys.argv[1]))
+
+
+# --- under torch.compile: the custom ops ------------------------------------------------
+
+_COMPILED_CHECK = """
+import json
+import torch
+import lowp, lowp_torch
+from lowp_torch import _triton_casts
+
+torch.manual_seed(0)
+x = (torch.randn(64, 96) * torch.logspace(-3, 3, 96)).to(torch.bfloat16)
+x[3, 5] = float("nan")  # one poisoned group per scheme
+launches = []
+for name in ("_launch", "_launch_both"):
+    real = getattr(_triton_casts, name)
+    def counting(*args, _real=real, _name=name, **kwargs):
+        launches.append(_name)
+        return _real(*args, **kwargs)
+    setattr(_triton_casts, name, counting)
+
+
+def as_bytes(t):
+    return t.reshape(-1).contiguous().view(torch.uint8)
+
+
+def quantize(t, scheme):
+    q = lowp_torch.quantize(t, scheme)
+    return as_bytes(q.codes), as_bytes(q.scale)
+
+
+def quantize_both(t, scheme):
+    rows, cols = _triton_casts.quantize_both(t, scheme)
+    return as_bytes(rows.codes), as_bytes(rows.scale), as_bytes(cols.codes.t()), as_bytes(cols.scale)
+
+
+results = []
+schemes = [
+    lowp.TensorScaling(),
+    lowp.AxisScaling(pow2=True),
+    lowp.AxisScaling("float8_e5m2", axis=0),
+    lowp.MXScaling(mode="rceil"),
+    lowp.MXScaling(mode="floor", axis=0),
+]
+calls = [(quantize, s) for s in schemes] + [
+    (quantize_both, lowp.AxisScaling(pow2=True)),
+    (quantize_both, lowp.MXScaling(mode="rceil")),
+]
+with lowp_torch.cast_kernels("triton"):
+    for fn, scheme in calls:
+        eager = fn(x, scheme)
+        del launches[:]
+        # the scheme is a constant of the compiled code, as a layer's recipe is
+        bound = (lambda fn, scheme: lambda t: fn(t, scheme))(fn, scheme)
+        compiled = torch.compile(bound, fullgraph=True, dynamic=False, backend="aot_eager")(x)
+        same = all(torch.equal(a, b) for a, b in zip(eager, compiled, strict=True))
+        results.append([fn.__name__, repr(scheme), same, list(launches)])
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason=NO_TRITON)
+def test_compiled_code_calls_the_triton_casts_as_custom_ops():
+    """Under torch.compile(fullgraph=True) the casts trace as `lowp::triton_quantize` and
+    `lowp::triton_quantize_both` (no graph break), and the compiled function launches the
+    same kernels at run time, with the eager bytes: under the interpreter, on CPU."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
+    run = subprocess.run(
+        [sys.executable, "-c", _COMPILED_CHECK],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    results = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(results) == 7
+    for fn, scheme, same, launches in results:
+        assert same, f"{fn} {scheme}: compiled bytes differ from eager"
+        want = "_launch_both" if fn == "quantize_both" else "_launch"
+        assert launches == [want], f"{fn} {scheme}: launches {launches}"
+
+
+def test_custom_op_fakes_match_the_launches():
+    """The fake implementations (what torch.compile traces with) give the shapes and
+    dtypes the launches return, for each scheme kind: checked on meta tensors against
+    an eager run under the torch ops' scale shapes."""
+    from lowp_torch import _triton_casts
+
+    x = torch.empty(64, 96, dtype=torch.bfloat16, device="meta")
+    for scheme, scale in [
+        (lowp.TensorScaling(), ((), torch.float32)),
+        (lowp.AxisScaling(), ((64,), torch.float32)),
+        (lowp.AxisScaling(axis=0), ((96,), torch.float32)),
+        (lowp.MXScaling(), ((64 * 3,), torch.uint8)),
+        (lowp.MXScaling(axis=0), ((2 * 96,), torch.uint8)),
+    ]:
+        codes, got = torch.ops.lowp.triton_quantize(x, _triton_casts._scheme_key(scheme))
+        assert (codes.shape, codes.dtype) == (x.shape, torch.uint8)
+        assert (tuple(got.shape), got.dtype) == scale, scheme
+    rows, row_scale, cols, col_scale = torch.ops.lowp.triton_quantize_both(
+        x, _triton_casts._scheme_key(lowp.MXScaling())
+    )
+    assert rows.shape == (64, 96) and cols.shape == (96, 64)
+    assert row_scale.shape == (64 * 3,) and col_scale.shape == (2 * 96,)
