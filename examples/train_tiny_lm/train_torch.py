@@ -79,11 +79,15 @@ class TinyLM(nn.Module):
 
 def build_model(cfg: tinylm.Config, run: str, params: dict, device="cpu") -> TinyLM:
     """The model with `params` loaded; for a recipe, its block projections converted
-    by `lowp_torch.convert_to_training` (the LM head is left bf16)."""
+    by `lowp_torch.convert_to_training` (the LM head is left bf16). small_shapes=
+    "quantize": the runs compare the recipes' numerics, and on a GPU the default policy
+    would keep these small layers in high precision (bf16 speed beats fp8 there)."""
     model = TinyLM(cfg)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in params.items()})
     if run != "bf16":
-        lowp_torch.convert_to_training(model, run, filter_fn=lambda module, name: name != "head")
+        lowp_torch.convert_to_training(
+            model, run, filter_fn=lambda module, name: name != "head", small_shapes="quantize"
+        )
     return model.to(device)
 
 
