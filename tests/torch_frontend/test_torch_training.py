@@ -79,6 +79,10 @@ def _reference_grads(x, w, b, g):
 
 
 def _training_layer(recipe, w, b, **kwargs):
+    """A Linear holding w and b that always runs the recipe: these tests are about its
+    GEMMs, and on a GPU the default small-shape policy would run their small shapes in
+    high precision (the policy has its own tests, below)."""
+    kwargs.setdefault("small_shapes", "quantize")
     layer = lowp_torch.Linear(K, N, recipe=recipe, dtype=w.dtype, **kwargs)
     with torch.no_grad():
         layer.weight.copy_(w)
