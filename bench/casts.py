@@ -100,7 +100,7 @@ TUNE_GRID = {
     "rowwise": {
         "_ROWS_ONE_PASS": (4096, 8192, 16384),
         "_ROWS_CHUNK": (2048, 4096, 8192),
-        "_ELEMENTS_PER_THREAD": _PER_THREAD,
+        "_ROWS_ELEMENTS_PER_THREAD": _PER_THREAD,
     },
     "rowwise_axis0": {
         "_TILE_COLS": ((64, 64), (32, 64), (64, 32), (128, 32), (32, 32), (128, 64)),
