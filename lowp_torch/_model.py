@@ -31,6 +31,7 @@ def quantize_(
     kernel: str = "auto",
     fast_accum: bool = True,
     strict: bool = False,
+    small_shapes: str | None = None,
 ) -> nn.Module:
     """Replace each `nn.Linear` weight of `model` with a QuantizedTensor, in place; or,
     given a training `lowp.Recipe`, convert the model for training.
@@ -39,9 +40,10 @@ def quantize_(
     `InferenceConfig` or a **string** means inference (a string always names an
     inference preset, even where a recipe has the same name, as "float8_rowwise" and
     "mxfp8" do); a `lowp.Recipe` **object** means training, and the call is
-    `convert_to_training(model, config, filter_fn, kernel=kernel, pad_to_16=pad_to_16)`
-    (see there; `fast_accum` and `strict` are inference options and are refused with a
-    Recipe, whose GemmSpecs fix fast accumulation per GEMM).
+    `convert_to_training(model, config, filter_fn, kernel=kernel, pad_to_16=pad_to_16,
+    small_shapes=small_shapes)` (see there; `fast_accum` and `strict` are inference
+    options and are refused with a Recipe, whose GemmSpecs fix fast accumulation per
+    GEMM; `small_shapes` is a training option, refused with an inference config).
 
     For inference: the weight is stored (out_features, in_features) and quantized with
     `config.weight`, scaled along in_features where the scheme has an axis (spec §8,
@@ -61,6 +63,8 @@ def quantize_(
       pad_to_16, kernel, fast_accum, strict: the weight's `LinearConfig` (see there).
         With an explicit fp8 kernel and no padding, a layer whose K or N is not a
         multiple of 16 is refused here, naming it.
+      small_shapes: for a Recipe, `lowp_torch.Linear`'s small-shape policy ("auto", the
+        default, or "quantize").
 
     Returns:
       `model`, for chaining (for a Recipe and a bare nn.Linear model, the new layer).
@@ -85,7 +89,17 @@ def quantize_(
                 f"{config.name!r} sets fast accumulation per GEMM (GemmSpec.fast_accum)"
             )
         return _training_linear.convert_to_training(
-            model, config, filter_fn, kernel=kernel, pad_to_16=pad_to_16
+            model,
+            config,
+            filter_fn,
+            kernel=kernel,
+            pad_to_16=pad_to_16,
+            small_shapes="auto" if small_shapes is None else small_shapes,
+        )
+    if small_shapes is not None:
+        raise ValueError(
+            f"quantize_: small_shapes={small_shapes!r} configures training layers; "
+            f"{config!r} is an inference config, whose layers always run quantized"
         )
     config = _inference_config(config)
     if filter_fn is not None and not callable(filter_fn):
@@ -167,6 +181,7 @@ def load_quantized(
     kernel: str = "auto",
     fast_accum: bool = True,
     strict: bool = False,
+    small_shapes: str | None = None,
 ) -> nn.Module:
     """Load a file from `save_quantized` into `model` (float or already quantized), in place.
 
@@ -308,6 +323,7 @@ def to_inference(
     kernel: str = "auto",
     fast_accum: bool = True,
     strict: bool = False,
+    small_shapes: str | None = None,
 ) -> nn.Module:
     """Turn a model converted for training back into `quantize_`'s inference form, in place.
 

@@ -329,6 +329,17 @@ def test_quantize_routes_a_recipe_object_to_training_and_a_string_to_inference()
         lowp_torch.quantize_(_tiny_model(), lowp.Recipe.from_name("mxfp8"), strict=True)
 
 
+def test_quantize_passes_small_shapes_to_training_and_refuses_it_for_inference():
+    recipe = lowp.Recipe.from_name("float8_rowwise")
+    assert lowp_torch.quantize_(_tiny_model(), recipe)[0].lowering.small_shapes == "auto"
+    forced = lowp_torch.quantize_(_tiny_model(), recipe, small_shapes="quantize")
+    assert all(m.lowering.small_shapes == "quantize" for m in forced if hasattr(m, "lowering"))
+    with pytest.raises(ValueError, match=r"small_shapes must be one of \('auto', 'quantize'\)"):
+        lowp_torch.quantize_(_tiny_model(), recipe, small_shapes="never")
+    with pytest.raises(ValueError, match="small_shapes='quantize' configures training layers"):
+        lowp_torch.quantize_(_tiny_model(), "float8_rowwise", small_shapes="quantize")
+
+
 @pytest.mark.parametrize("preset", ["float8_rowwise", "mxfp8", "nvfp4"])
 def test_to_inference_quantizes_the_trained_weights_as_a_fresh_quantize_does(preset):
     model, optimizer = _converted("mxfp8")
