@@ -30,11 +30,15 @@ path cannot run, naming the reason, instead of silently measuring the other path
 The choice is process-wide, not a context variable: a CUDA backward runs in the
 autograd engine's own device thread, which a `contextvars.ContextVar` set by the
 caller does not reach (found on the H200: the backward's casts ignored the block).
+Blocks entered by several threads may exit in any order: the mode is that of the
+most recently entered block still open, so one thread's exit never restores a mode
+another thread's open block had replaced.
 """
 
 import contextlib
 import importlib.util
 import os
+import threading
 
 import torch
 
@@ -43,6 +47,8 @@ from lowp_torch import _log, _storage
 
 MODES = ("auto", "triton", "torch")
 _MODE = ["auto"]  # the current mode, process-wide (module docstring)
+_OPEN: list[tuple[object, str]] = []  # (block token, mode) of the open blocks, oldest first
+_OPEN_LOCK = threading.Lock()
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
@@ -66,11 +72,16 @@ def cast_kernels(mode: str):
     """
     if mode not in MODES:
         raise ValueError(f"cast_kernels mode must be one of {MODES}, got {mode!r}")
-    previous, _MODE[0] = _MODE[0], mode
+    token = object()
+    with _OPEN_LOCK:
+        _OPEN.append((token, mode))
+        _MODE[0] = mode
     try:
         yield
     finally:
-        _MODE[0] = previous
+        with _OPEN_LOCK:
+            _OPEN[:] = [entry for entry in _OPEN if entry[0] is not token]
+            _MODE[0] = _OPEN[-1][1] if _OPEN else "auto"
 
 
 def use_triton(t, scheme, *, rounding, random_bits, seed, offset, check_finite, name) -> bool:

@@ -543,6 +543,35 @@ def test_the_mode_is_restored_after_the_block():
     assert _cast_kernels._MODE[0] == "auto"
 
 
+def test_blocks_of_two_threads_may_exit_in_any_order():
+    """Thread A opens "torch", thread B opens "triton", A exits first: B's block still
+    holds "triton" (restoring A's saved "auto" would end it early), and after both, "auto"."""
+    steps = [threading.Event() for _ in range(4)]
+    seen = []
+
+    def thread_a():
+        with lowp_torch.cast_kernels("torch"):
+            steps[0].set()
+            steps[1].wait()
+        seen.append(("a exited", _cast_kernels._MODE[0]))
+        steps[2].set()
+
+    def thread_b():
+        steps[0].wait()
+        with lowp_torch.cast_kernels("triton"):
+            steps[1].set()
+            steps[2].wait()
+            seen.append(("b open", _cast_kernels._MODE[0]))
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert seen == [("a exited", "triton"), ("b open", "triton")]
+    assert _cast_kernels._MODE[0] == "auto"
+
+
 def test_the_mode_reaches_other_threads():
     """A CUDA backward runs in the autograd engine's device thread: the block's mode must
     hold there too (a ContextVar did not: the H200 run of the training test caught it)."""
