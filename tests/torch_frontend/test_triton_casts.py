@@ -588,7 +588,13 @@ def test_compiled_code_takes_the_mode_traced_with():
     (for Inductor), and "auto" never takes the Triton casts for a CPU tensor (the
     compiled CUDA path is `test_compiled_code_calls_the_triton_casts_as_custom_ops`)."""
     tracing = unittest.mock.patch.object(torch.compiler, "is_compiling", return_value=True)
-    kwargs = dict(rounding="nearest", random_bits=None, seed=None, offset=0, check_finite=False)
+    kwargs = {
+        "rounding": "nearest",
+        "random_bits": None,
+        "seed": None,
+        "offset": 0,
+        "check_finite": False,
+    }
     for mode in ("torch", "auto"):
         with tracing, lowp_torch.cast_kernels(mode):
             assert not _cast_kernels.use_triton(
