@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bench import linear_step  # noqa: E402
+from bench import linear_step
 
 
 def profile_step(impl: str, recipe: str, mode: str, shape, rows: int) -> str:
