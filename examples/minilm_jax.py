@@ -81,7 +81,9 @@ def evaluate(presets=None, *, model=None, impl="auto", jit=True, save=None) -> l
                 "mean_cosine": float(cosine.mean()),
                 "min_cosine": float(cosine.min()),
                 "ranking_preserved": _minilm.ranking_preserved(_minilm.pair_cosines(embeddings)),
-                "layer_sqnr_db": [_minilm.hidden_sqnr_db(r, s, mask_np) for r, s in zip(reference_states, states)],
+                "layer_sqnr_db": [
+                    _minilm.hidden_sqnr_db(r, s, mask_np) for r, s in zip(reference_states, states)
+                ],
                 "forward_seconds": seconds,  # the first call: compilation included
             }
         )

@@ -37,7 +37,9 @@ def evaluate(presets, device="cpu"):
             "preset": "unquantized",
             "mean_cosine": 1.0,
             "min_cosine": 1.0,
-            "ranking_preserved": _minilm.ranking_preserved(_minilm.pair_cosines(reference.numpy(force=True))),
+            "ranking_preserved": _minilm.ranking_preserved(
+                _minilm.pair_cosines(reference.numpy(force=True))
+            ),
             "layer_sqnr_db": [math.inf] * len(reference_states),
         }
     ]
@@ -53,9 +55,15 @@ def evaluate(presets, device="cpu"):
                 "preset": preset,
                 "mean_cosine": float(cosine.mean()),
                 "min_cosine": float(cosine.min()),
-                "ranking_preserved": _minilm.ranking_preserved(_minilm.pair_cosines(embeddings.numpy(force=True))),
+                "ranking_preserved": _minilm.ranking_preserved(
+                    _minilm.pair_cosines(embeddings.numpy(force=True))
+                ),
                 "layer_sqnr_db": [
-                    _minilm.hidden_sqnr_db(r.double().numpy(force=True), s.double().numpy(force=True), mask.numpy(force=True))
+                    _minilm.hidden_sqnr_db(
+                        r.double().numpy(force=True),
+                        s.double().numpy(force=True),
+                        mask.numpy(force=True),
+                    )
                     for r, s in zip(reference_states, states)
                 ],
                 "forward_seconds": seconds,

@@ -19,6 +19,7 @@ and MX casts as fused Triton kernels (same bytes); `cast_kernels` picks the path
 import torch
 
 import lowp
+from lowp_torch import _cast_ops  # noqa: F401 - registers the lowp:: custom ops
 from lowp_torch._cast_kernels import cast_kernels
 from lowp_torch._config import LinearConfig
 from lowp_torch._convert import from_lowp, to_lowp

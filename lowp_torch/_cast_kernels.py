@@ -50,6 +50,7 @@ _MODE = ["auto"]  # the current mode, process-wide (module docstring)
 _OPEN: list[tuple[object, str]] = []  # (block token, mode) of the open blocks, oldest first
 _OPEN_LOCK = threading.Lock()
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 @contextlib.contextmanager
@@ -90,6 +91,13 @@ def use_triton(t, scheme, *, rounding, random_bits, seed, offset, check_finite, 
     Logs the choice at debug level; ValueError under `cast_kernels("triton")` where
     they cannot run.
     """
+    if type(t) not in _PLAIN_TENSORS and isinstance(t, torch.Tensor) and _storage.is_fake(t):
+        # A FakeTensor object: torch.compile running a node on fake tensors, as for a
+        # compiled model's QuantizedTensor weight dispatching F.linear. No launch and no
+        # custom op there, whatever the mode. (Tensors Dynamo traces look like plain
+        # tensors here, so `is_fake`, which it cannot trace, is never reached for them:
+        # they take the custom ops.)
+        return False
     mode = _MODE[0]
     if mode == "torch":
         _log.debug(f"{name}: quantize on torch ops (cast_kernels('torch'))")
@@ -111,7 +119,7 @@ def triton_problem(
 ) -> str | None:
     """Why the Triton kernels cannot quantize this call, or None when they can.
     `forced`: under cast_kernels("triton"), where the interpreter may run CPU tensors."""
-    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.dtype not in _storage.HP_DTYPES:
+    if type(t) not in _PLAIN_TENSORS or t.dtype not in _storage.HP_DTYPES:
         return f"the input is not a float32/bfloat16/float16 tensor ({_describe(t)})"
     if t.device.type != "cuda" and not (forced and _interpreting()):
         return f"the input is on {t.device}, not CUDA"

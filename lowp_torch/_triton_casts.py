@@ -26,7 +26,7 @@ import torch
 import triton
 
 from lowp import _formats, _schemes
-from lowp_torch import _qtensor, _storage
+from lowp_torch import _cast_ops, _qtensor, _storage
 from lowp_torch import _triton_kernels as K
 
 _MX_MODES = {"floor": 0, "ceil": 1, "rceil": 2}
@@ -64,8 +64,8 @@ def quantize(t: torch.Tensor, scheme) -> _qtensor.QuantizedTensor:
     x = t.detach().contiguous()
     shape = tuple(x.shape)
     fmt = _formats.element_format(scheme.fmt)
-    if _storage.traced(x):  # torch.compile: the same launch, as an opaque op
-        codes, scale = torch.ops.lowp.triton_quantize(x, _scheme_key(scheme))
+    if _storage.traced(x):  # torch.compile: the same launch, as an opaque op (`_cast_ops`)
+        codes, scale = torch.ops.lowp.triton_quantize(x, _cast_ops.scheme_key(scheme))
     else:
         with _on_device(x):
             codes, scale = _launch(x, shape, scheme, fmt)
@@ -115,9 +115,9 @@ def quantize_both(t: torch.Tensor, scheme):
     x = t.detach().contiguous()
     shape = tuple(x.shape)
     fmt = _formats.element_format(scheme.fmt)
-    if _storage.traced(x):  # torch.compile: the same launches, as an opaque op
+    if _storage.traced(x):  # torch.compile: the same launches, as an opaque op (`_cast_ops`)
         row_codes, row_scale, col_codes, col_scale = torch.ops.lowp.triton_quantize_both(
-            x, _scheme_key(scheme)
+            x, _cast_ops.scheme_key(scheme)
         )
     else:
         with _on_device(x):
@@ -136,81 +136,6 @@ def _launch_both(x, scheme, fmt):
     if isinstance(scheme, _schemes.AxisScaling):
         return _axis_2d(x, view, fmt, scheme.pow2, rows=True, cols=True, cols_t=True)
     return _mx_2d(x, view, scheme, fmt, rows=True, cols=True, cols_t=True)
-
-
-# --- under torch.compile: the launches as custom ops -----------------------------------
-#
-# A traced tensor cannot launch a kernel, and a plain call would break the graph: the
-# compiled graph calls these ops instead, which launch the kernels at run time (the
-# bytes are the same, `_cast_kernels` decides when). A scheme travels as a string of
-# its fields (`_scheme_key`), which the op parses back: built from the fields, not by
-# repr, which Dynamo cannot trace.
-
-
-def _scheme_key(scheme) -> str:
-    if isinstance(scheme, _schemes.TensorScaling):
-        return f"tensor:{scheme.fmt}:{int(scheme.pow2)}"
-    if isinstance(scheme, _schemes.AxisScaling):
-        return f"axis:{scheme.fmt}:{scheme.axis}:{int(scheme.pow2)}"
-    return f"mx:{scheme.fmt}:{scheme.block}:{scheme.mode}:{scheme.axis}"
-
-
-def _scheme_of_key(key: str):
-    kind, fmt, *fields = key.split(":")
-    if kind == "tensor":
-        return _schemes.TensorScaling(fmt, pow2=bool(int(fields[0])))
-    if kind == "axis":
-        return _schemes.AxisScaling(fmt, axis=int(fields[0]), pow2=bool(int(fields[1])))
-    block, mode, axis = fields
-    return _schemes.MXScaling(fmt, block=int(block), mode=mode, axis=int(axis))
-
-
-def _scale_buffer(x, scheme, shape) -> torch.Tensor:
-    """An empty tensor like the flat scales `_launch` returns for `scheme` at `shape`."""
-    if isinstance(scheme, _schemes.TensorScaling):
-        return x.new_empty((), dtype=torch.float32)
-    dtype = torch.uint8 if isinstance(scheme, _schemes.MXScaling) else torch.float32
-    return x.new_empty((math.prod(scheme.scale_shape(shape)),), dtype=dtype)
-
-
-@torch.library.custom_op("lowp::triton_quantize", mutates_args=())
-def _quantize_op(x: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(uint8 codes, flat scales) of a contiguous x, as `_launch` gives them."""
-    s = _scheme_of_key(scheme)
-    with _on_device(x):
-        return _launch(x, tuple(x.shape), s, _formats.element_format(s.fmt))
-
-
-@_quantize_op.register_fake
-def _(x, scheme):
-    s = _scheme_of_key(scheme)
-    return torch.empty_like(x, dtype=torch.uint8), _scale_buffer(x, s, tuple(x.shape))
-
-
-@torch.library.custom_op("lowp::triton_quantize_both", mutates_args=())
-def _quantize_both_op(
-    x: torch.Tensor, scheme: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Row codes, row scales, column codes (C, R) and column scales of a 2-D x."""
-    s = _scheme_of_key(scheme)
-    with _on_device(x):
-        (row_codes, row_scale), (col_codes, col_scale) = _launch_both(
-            x, s, _formats.element_format(s.fmt)
-        )
-    return row_codes, row_scale, col_codes, col_scale
-
-
-@_quantize_both_op.register_fake
-def _(x, scheme):
-    s = _scheme_of_key(scheme)
-    shape = tuple(x.shape)
-    along_first = dataclasses.replace(s, axis=-2)
-    return (
-        torch.empty_like(x, dtype=torch.uint8),
-        _scale_buffer(x, s, shape),
-        x.new_empty((shape[1], shape[0]), dtype=torch.uint8),
-        _scale_buffer(x, along_first, shape),
-    )
 
 
 # --- views and wrapping ----------------------------------------------------------------
@@ -250,8 +175,8 @@ def _native(x) -> bool:
     out wrong when that PTX was simulated), below sm_89 it rounds e5m2 ties up and has no
     e4m3 at all; and the CPU interpreter's emulation is not ties-to-even. Everywhere but
     sm_90+ the kernels use the integer encoder."""
-    if triton.knobs.runtime.interpret or not x.is_cuda:
-        return False
+    if triton.knobs.runtime.interpret or not x.is_cuda or torch.version.hip is not None:
+        return False  # ROCm: CUDA capabilities and PTX (`_mul_ftz`) do not apply
     return native_cast_exact(torch.cuda.get_device_capability(x.device))
 
 

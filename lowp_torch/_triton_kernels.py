@@ -13,9 +13,10 @@ They compute what `lowp/_quantize.py` computes, with the operations spec §0 all
 - the only other float operation is one product, `x * m` (or `x * 2^(127-s)`) of the
   flushed x, whose result is flushed, clamped and encoded: no add follows a product,
   so FMA contraction has nothing to contract (on the GPU it is `mul.rn.ftz.f32`);
-- the element is clamped to ±max and flushed before it is encoded, and poisoned groups
-  (NaN/Inf, spec §6) are replaced by +0 first, so the encoder only ever sees finite
-  in-range values. For those, the native round-to-nearest-even conversion
+- poisoned groups (NaN/Inf, spec §6) are replaced by +0 first, and the element is
+  flushed and clamped to ±max, so the encoder only ever sees finite in-range values
+  (on the native path the instructions below flush and clamp: `.ftz`, `.satfinite`).
+  For those, the native round-to-nearest-even conversion
   (`cvt.rn.satfinite.e4m3x2/e5m2x2.f32`, which Triton 3.6 emits on sm_90+; on sm_89 it
   rounds to f16 first, so there `NATIVE` is off) is exactly E_fmt of spec §2, and it
   does the clamp and the flush itself: `.satfinite` turns a finite |v| > max into ±max

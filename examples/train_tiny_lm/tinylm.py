@@ -334,6 +334,8 @@ def cli(framework: str, make_trainer, description: str, argv=None, deterministic
     )
     args = parser.parse_args(argv)
     if args.deterministic:
+        if deterministic is None:
+            parser.error(f"--deterministic: no deterministic mode is known for {framework}")
         deterministic()
     cfg = SIZES[args.size]
     if args.steps:

@@ -739,6 +739,14 @@ with lowp_torch.cast_kernels("triton"):
         compiled = torch.compile(bound, fullgraph=True, dynamic=False, backend="aot_eager")(x)
         same = all(torch.equal(a, b) for a, b in zip(eager, compiled, strict=True))
         results.append([fn.__name__, repr(scheme), same, list(launches)])
+    # A quantize_'d model: its weight's dispatch quantizes the input on fake tensors
+    # while compiling (no launch there), which must not trip the forced mode.
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32))
+    lowp_torch.quantize_(model, "float8_rowwise")
+    x32 = torch.randn(8, 64)
+    eager = model(x32)
+    compiled = torch.compile(model, backend="aot_eager", dynamic=False)(x32)
+    results.append(["inference_model", "float8_rowwise", bool(torch.equal(eager, compiled)), []])
 print(json.dumps(results))
 """
 
@@ -747,7 +755,9 @@ print(json.dumps(results))
 def test_compiled_code_calls_the_triton_casts_as_custom_ops():
     """Under torch.compile(fullgraph=True) the casts trace as `lowp::triton_quantize` and
     `lowp::triton_quantize_both` (no graph break), and the compiled function launches the
-    same kernels at run time, with the eager bytes: under the interpreter, on CPU."""
+    same kernels at run time, with the eager bytes: under the interpreter, on CPU. A
+    compiled quantize_'d model under the forced mode runs too (its fake-tensor dispatch
+    once raised)."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
@@ -761,18 +771,19 @@ def test_compiled_code_calls_the_triton_casts_as_custom_ops():
     )
     assert run.returncode == 0, run.stderr[-4000:]
     results = json.loads(run.stdout.strip().splitlines()[-1])
-    assert len(results) == 7
+    assert len(results) == 8
     for fn, scheme, same, launches in results:
         assert same, f"{fn} {scheme}: compiled bytes differ from eager"
-        want = "_launch_both" if fn == "quantize_both" else "_launch"
-        assert launches == [want], f"{fn} {scheme}: launches {launches}"
+        if fn != "inference_model":
+            want = "_launch_both" if fn == "quantize_both" else "_launch"
+            assert launches == [want], f"{fn} {scheme}: launches {launches}"
 
 
 def test_custom_op_fakes_match_the_launches():
     """The fake implementations (what torch.compile traces with) give the shapes and
     dtypes the launches return, for each scheme kind: checked on meta tensors against
     an eager run under the torch ops' scale shapes."""
-    from lowp_torch import _triton_casts
+    from lowp_torch import _cast_ops
 
     x = torch.empty(64, 96, dtype=torch.bfloat16, device="meta")
     for scheme, scale in [
@@ -782,11 +793,33 @@ def test_custom_op_fakes_match_the_launches():
         (lowp.MXScaling(), ((64 * 3,), torch.uint8)),
         (lowp.MXScaling(axis=0), ((2 * 96,), torch.uint8)),
     ]:
-        codes, got = torch.ops.lowp.triton_quantize(x, _triton_casts._scheme_key(scheme))
+        codes, got = torch.ops.lowp.triton_quantize(x, _cast_ops.scheme_key(scheme))
         assert (codes.shape, codes.dtype) == (x.shape, torch.uint8)
         assert (tuple(got.shape), got.dtype) == scale, scheme
     rows, row_scale, cols, col_scale = torch.ops.lowp.triton_quantize_both(
-        x, _triton_casts._scheme_key(lowp.MXScaling())
+        x, _cast_ops.scheme_key(lowp.MXScaling())
     )
     assert rows.shape == (64, 96) and cols.shape == (96, 64)
     assert row_scale.shape == (64 * 3,) and col_scale.shape == (2 * 96,)
+
+
+def test_the_custom_ops_exist_once_lowp_torch_is_imported():
+    """A saved exported program that calls them loads in a fresh process after `import
+    lowp_torch`: the ops are registered there, not when the Triton casts first run."""
+    code = (
+        "import torch, lowp_torch, sys\n"
+        "ops = [hasattr(torch.ops.lowp, n) for n in ('triton_quantize', 'triton_quantize_both')]\n"
+        "print(all(ops), 'lowp_torch._triton_casts' in sys.modules)"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root)
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["True", "False"]

@@ -1,0 +1,89 @@
+"""The Triton casts as custom ops, for torch.compile: `lowp::triton_quantize` and
+`lowp::triton_quantize_both`.
+
+A traced tensor cannot launch a kernel, and a plain call would break the graph: a
+compiled graph calls these ops instead, which launch `_triton_casts`' kernels at run
+time (the same bytes; `_cast_kernels` decides when). Registered when `lowp_torch` is
+imported, so that a saved exported program loads in a fresh process; the op bodies
+import triton only when they run. A scheme travels as a string of its fields
+(`scheme_key`), which the ops parse back: built from the fields, not by repr, which
+Dynamo cannot trace.
+"""
+
+import dataclasses
+import math
+
+import torch
+
+from lowp import _formats, _schemes
+
+
+def scheme_key(scheme) -> str:
+    """The ops' string for a TensorScaling, AxisScaling or MXScaling scheme."""
+    if isinstance(scheme, _schemes.TensorScaling):
+        return f"tensor:{scheme.fmt}:{int(scheme.pow2)}"
+    if isinstance(scheme, _schemes.AxisScaling):
+        return f"axis:{scheme.fmt}:{scheme.axis}:{int(scheme.pow2)}"
+    return f"mx:{scheme.fmt}:{scheme.block}:{scheme.mode}:{scheme.axis}"
+
+
+def scheme_of_key(key: str):
+    kind, fmt, *fields = key.split(":")
+    if kind == "tensor":
+        return _schemes.TensorScaling(fmt, pow2=bool(int(fields[0])))
+    if kind == "axis":
+        return _schemes.AxisScaling(fmt, axis=int(fields[0]), pow2=bool(int(fields[1])))
+    block, mode, axis = fields
+    return _schemes.MXScaling(fmt, block=int(block), mode=mode, axis=int(axis))
+
+
+def _scale_buffer(x, scheme, shape) -> torch.Tensor:
+    """An empty tensor like the flat scales the launches return for `scheme` at `shape`."""
+    if isinstance(scheme, _schemes.TensorScaling):
+        return x.new_empty((), dtype=torch.float32)
+    dtype = torch.uint8 if isinstance(scheme, _schemes.MXScaling) else torch.float32
+    return x.new_empty((math.prod(scheme.scale_shape(shape)),), dtype=dtype)
+
+
+@torch.library.custom_op("lowp::triton_quantize", mutates_args=())
+def _quantize_op(x: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 codes, flat scales) of x, as `_triton_casts._launch` gives them."""
+    from lowp_torch import _triton_casts  # imports triton
+
+    s, x = scheme_of_key(scheme), x.contiguous()
+    with _triton_casts._on_device(x):
+        return _triton_casts._launch(x, tuple(x.shape), s, _formats.element_format(s.fmt))
+
+
+@_quantize_op.register_fake
+def _(x, scheme):
+    s = scheme_of_key(scheme)
+    return torch.empty_like(x, dtype=torch.uint8), _scale_buffer(x, s, tuple(x.shape))
+
+
+@torch.library.custom_op("lowp::triton_quantize_both", mutates_args=())
+def _quantize_both_op(
+    x: torch.Tensor, scheme: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row codes, row scales, column codes (C, R) and column scales of a 2-D x."""
+    from lowp_torch import _triton_casts  # imports triton
+
+    s, x = scheme_of_key(scheme), x.contiguous()
+    with _triton_casts._on_device(x):
+        (row_codes, row_scale), (col_codes, col_scale) = _triton_casts._launch_both(
+            x, s, _formats.element_format(s.fmt)
+        )
+    return row_codes, row_scale, col_codes, col_scale
+
+
+@_quantize_both_op.register_fake
+def _(x, scheme):
+    s = scheme_of_key(scheme)
+    shape = tuple(x.shape)
+    along_first = dataclasses.replace(s, axis=-2)
+    return (
+        torch.empty_like(x, dtype=torch.uint8),
+        _scale_buffer(x, s, shape),
+        x.new_empty((shape[1], shape[0]), dtype=torch.uint8),
+        _scale_buffer(x, along_first, shape),
+    )
