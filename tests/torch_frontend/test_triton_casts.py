@@ -602,6 +602,25 @@ def test_compiled_code_takes_the_mode_traced_with():
             )
 
 
+def _run_interpreted(code: str, timeout: int):
+    """Run `code` in a subprocess under the Triton interpreter (TRITON_INTERPRET is read
+    when a kernel is defined, so it cannot be switched on here); the JSON of its last
+    line of output."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 # --- the transposed-codes copy (`_cast_kernels.contiguous`, `_triton_transpose`) --------
 
 # Transposed shapes (rows, cols) of the view: partial tiles on either side, a few bytes up
@@ -634,20 +653,8 @@ def test_transposed_codes_copy_is_the_bytes_of_contiguous():
     """Under the interpreter, the tile kernel's copy of a transposed byte tensor equals
     `.contiguous()` byte for byte, for every shape (partial tiles too) and byte dtype,
     and the kernel really ran."""
-    env = dict(os.environ, TRITON_INTERPRET="1", SHAPES=json.dumps(TRANSPOSE_SHAPES))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
-    code = "import os; SHAPES = os.environ['SHAPES']\n" + _TRANSPOSE_CHECK
-    run = subprocess.run(
-        [sys.executable, "-c", code],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    result = json.loads(run.stdout.strip().splitlines()[-1])
+    code = f"SHAPES = {json.dumps(json.dumps(TRANSPOSE_SHAPES))}\n" + _TRANSPOSE_CHECK
+    result = _run_interpreted(code, timeout=300)
     assert result["bad"] == []
     assert all(result["ran"]) and len(result["ran"]) == 3 * len(TRANSPOSE_SHAPES)
 
@@ -758,19 +765,7 @@ def test_compiled_code_calls_the_triton_casts_as_custom_ops():
     same kernels at run time, with the eager bytes: under the interpreter, on CPU. A
     compiled quantize_'d model under the forced mode runs too (its fake-tensor dispatch
     once raised)."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
-    run = subprocess.run(
-        [sys.executable, "-c", _COMPILED_CHECK],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    results = json.loads(run.stdout.strip().splitlines()[-1])
+    results = _run_interpreted(_COMPILED_CHECK, timeout=600)
     assert len(results) == 8
     for fn, scheme, same, launches in results:
         assert same, f"{fn} {scheme}: compiled bytes differ from eager"
