@@ -131,7 +131,7 @@ def triton_problem(
         return "stochastic rounding runs on torch ops"
     if check_finite:
         return "check_finite=True runs on torch ops"
-    if not _triton_installed():
+    if not _TRITON_INSTALLED:
         return "triton is not installed"
     return scheme_problem(scheme)
 
@@ -153,9 +153,6 @@ def _describe(t) -> str:
 
 _TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # found, not imported
 
-
-def _triton_installed() -> bool:
-    return _TRITON_INSTALLED
 
 
 def _interpreting() -> bool:
@@ -185,7 +182,7 @@ def contiguous(t: torch.Tensor) -> torch.Tensor:
         or t.stride() != (1, t.shape[0])
         or t.shape[0] > 65535 * 64  # the kernel's grid axis 1 (rows are K or N: never)
         or _storage.traced(t)
-        or not _triton_installed()
+        or not _TRITON_INSTALLED
     ):
         return t.contiguous()
     from lowp_torch import _triton_transpose  # imports triton: only when it runs
