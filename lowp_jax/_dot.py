@@ -43,8 +43,8 @@ from jax import lax
 
 import lowp
 from lowp import _formats
+from lowp_jax import _devices, _encode, _layouts, _qarray, _quantize
 from lowp_jax import _dot_operands as _operands
-from lowp_jax import _encode, _layouts, _qarray, _quantize
 
 logger = logging.getLogger("lowp_jax")
 
@@ -139,7 +139,7 @@ def scaled_matmul_problem(device=None) -> str | None:
     jax's default device), or None if it can (a CUDA GPU of compute capability >= 10.0
     with cuDNN >= 9.7)."""
     device = jax.devices()[0] if device is None else device
-    capability = _cuda_capability(device)
+    capability = _devices.cuda_capability(device)
     if capability is None:
         return (
             f"jax.nn.scaled_matmul has a kernel only on CUDA GPUs (cuDNN); the "
@@ -159,18 +159,6 @@ def scaled_matmul_problem(device=None) -> str | None:
     if cudnn < 90700:
         return f"jax.nn.scaled_matmul needs cuDNN >= 9.7, found {cudnn}"
     return None
-
-
-def _cuda_capability(device) -> tuple[int, ...] | None:
-    """(major, minor) of a CUDA device, None for any other (CPU, ROCm, TPU)."""
-    if device.platform != "gpu":
-        return None
-    if "rocm" in str(getattr(device.client, "platform_version", "")).lower():
-        return None
-    try:
-        return tuple(int(p) for p in str(device.compute_capability).split("."))
-    except (AttributeError, ValueError):
-        return None
 
 
 # --- the operands, in the one layout -------------------------------------------------
@@ -264,7 +252,7 @@ def _problem(impl: str, a, b) -> str | None:
         if gpu and sa.fmt == sb.fmt == "float8_e5m2":
             return "cuBLASLt's fp8 GEMM needs one e4m3 operand; both are float8_e5m2"
         if gpu:
-            capability = _cuda_capability(device)
+            capability = _devices.cuda_capability(device)
             if capability is None or capability < (8, 9):
                 return f"XLA's fp8 GEMM needs a CUDA GPU of compute capability >= 8.9, not {device.device_kind}"
         return None

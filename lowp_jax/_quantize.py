@@ -25,7 +25,7 @@ from jax.experimental import checkify
 
 import lowp
 from lowp import _formats, _quantize, _rounding, _schemes
-from lowp_jax import _bits, _dtypes, _encode, _exact, _groups, _layouts, _qarray
+from lowp_jax import _bits, _dtypes, _encode, _exact, _groups, _layouts, _pallas_cast, _qarray
 from lowp_jax import _rounding as _jax_rounding
 
 _EPS_BITS = _bits.f32_pattern(_quantize.EPS)  # 0x2B8CBCCC, the float-scale amax floor
@@ -225,8 +225,7 @@ def _quantize(x, random, seed, offset, *, scheme) -> _qarray.QArray:
 
     if isinstance(scheme, (lowp.TensorScaling, lowp.AxisScaling, lowp.BlockScaling)):
         m, d = _float_scales(amax_bits_finite, fmt, scheme.pow2)
-        v = _bits.ftz_bits(_bits.bits(xf * _groups.expand(m, scheme, shape)))
-        codes = _encode_elements(v, fmt, random, poisoned_elements)
+        codes = _float_scaled_codes(x, xf, m, poisoned, scheme, fmt, random)
         scale = jnp.where(poisoned, _bits.from_bits(_bits.NAN_BITS), d)
     elif isinstance(scheme, lowp.MXScaling):
         s = jnp.where(poisoned, 0xFF, _mx_scale_bytes(amax_bits, fmt, scheme.mode))
@@ -252,6 +251,30 @@ def _quantize(x, random, seed, offset, *, scheme) -> _qarray.QArray:
         shape=shape,
         hp_dtype=hp_dtype,
     )
+
+
+def _float_scaled_codes(x, xf, m, poisoned, scheme, fmt, random) -> jax.Array:
+    """uint8 codes of ftz(xf * m) for each group's multiplier m, code 0 where poisoned.
+
+    On an NVIDIA GPU of compute capability 9.0+ a float8 cast rounding to nearest runs
+    as one Pallas kernel (`_pallas_cast`, the same bytes in three instructions an
+    element); the choice is made when the computation is lowered for its platform.
+    """
+    shape = tuple(x.shape)
+
+    def in_xla(xf, m, poisoned):
+        v = _bits.ftz_bits(_bits.bits(xf * _groups.expand(m, scheme, shape)))
+        return _encode_elements(v, fmt, random, _groups.expand(poisoned, scheme, shape))
+
+    if random is not None or not _pallas_cast.applies(scheme, fmt.name, shape):
+        return in_xla(xf, m, poisoned)
+
+    def in_pallas(xf, m, poisoned):
+        multiplier = jnp.where(poisoned, np.float32(np.nan), m)
+        codes = _pallas_cast.cast(x, multiplier, fmt_name=fmt.name, fmt_max=fmt.max, native=True)
+        return lax.bitcast_convert_type(codes, jnp.uint8)
+
+    return lax.platform_dependent(xf, m, poisoned, cuda=in_pallas, default=in_xla)
 
 
 def _nvfp4_global(absb, scheme) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -41,7 +41,7 @@ from jax import lax
 
 import lowp
 from lowp import _small_shapes
-from lowp_jax import _dot, _qarray, _quantize, _quantized_dot
+from lowp_jax import _devices, _dot, _qarray, _quantize, _quantized_dot
 from lowp_jax import _dot_operands as _operands
 
 _A_BT = (((1,), (1,)), ((), ()))  # a @ b.T for rank-2 a, b: contract the last axes
@@ -190,7 +190,7 @@ def fp8_kernels_run(recipe, impl: str, device) -> bool:
     emulated or dequantized, and the layer is there for its numerics)."""
     if impl in ("emulated", "dequantize"):
         return False
-    capability = _dot._cuda_capability(device)
+    capability = _devices.cuda_capability(device)
     block_scaled = isinstance(recipe.forward.a, (lowp.MXScaling, lowp.NVFP4Scaling))
     return capability is not None and capability >= ((10, 0) if block_scaled else (8, 9))
 

@@ -546,8 +546,8 @@ _FP8_GEMM = "__cublas$lt$matmul$f8"
 
 @pytest.mark.skipif(
     not ON_GPU
-    or lowp_jax._dot._cuda_capability(jax.devices()[0]) is None
-    or lowp_jax._dot._cuda_capability(jax.devices()[0]) < (8, 9),
+    or lowp_jax._devices.cuda_capability(jax.devices()[0]) is None
+    or lowp_jax._devices.cuda_capability(jax.devices()[0]) < (8, 9),
     reason="needs a CUDA GPU of compute capability >= 8.9 (XLA's cuBLASLt fp8 GEMM)",
 )
 @pytest.mark.parametrize("recipe", ["float8_tensorwise", "float8_rowwise"])
@@ -580,7 +580,6 @@ def test_mixed_precision_layers_quantize_the_float32_master_weight(layer_kind):
     """dtype=bfloat16 with float32 parameters: the recipe quantizes the float32 kernel
     itself (as lowp_torch.Linear does under autocast), not a bfloat16 copy of it, so
     both frameworks quantize the same tensor; the kernel's gradient is float32."""
-    import flax.linen as nn
     from flax import nnx
 
     import lowp_jax.linen

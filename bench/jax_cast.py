@@ -1,0 +1,175 @@
+"""JAX bf16 -> float8 activation casts: the Pallas kernel, XLA alone and a copy, in one run.
+
+For TensorScaling and AxisScaling along the last axis (e4m3), at 8192 x 8192 and 16384 x
+16384 bfloat16: the milliseconds of a jitted `lowp_jax.quantize` with the Pallas element
+cast (`lowp_jax._pallas_cast`, what runs on an sm_90 GPU) and with XLA alone, each as a
+fraction of a same-run device copy by the minimum bytes the cast moves (as in
+bench/casts.py: tensorwise 2bn + n, rowwise 2bn + n + 4n/K here, since XLA reduces the
+rows in a pass of its own), and whether the two paths wrote the same bytes. Then an edge
+case check of the kernel path against `lowp.quantize` (NumPy): subnormal, huge, signed
+zero, NaN and Inf inputs in float32, bfloat16 and float16.
+
+    python bench/jax_cast.py --out bench/results/h200_jax_cast.json     # on the GPU
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import lowp
+import lowp_jax
+from bench.jax_dense import time_ms
+from lowp_jax import _pallas_cast, _quantize
+
+SCHEMES = {"tensorwise": lowp.TensorScaling(), "rowwise": lowp.AxisScaling(axis=-1)}
+SHAPES = ((8192, 8192), (16384, 16384))
+SMALL_SHAPES = ((256, 512),)
+
+
+def _quantize_fn(scheme, pallas: bool):
+    """A fresh jit of lowp_jax.quantize with the kernel on or off (the switch is read
+    when the computation is traced, so each gets its own trace)."""
+
+    def run(x):
+        q = lowp_jax.quantize(x, scheme)
+        return q.codes, q.scale
+
+    def traced(x):
+        _pallas_cast.ENABLED = pallas
+        _quantize._quantize.clear_cache()  # its cached trace was made with the other setting
+        try:
+            return jax.jit(run).lower(x).compile()
+        finally:
+            _pallas_cast.ENABLED = True
+            _quantize._quantize.clear_cache()
+
+    return traced
+
+
+def _bytes(q) -> tuple[np.ndarray, np.ndarray]:
+    codes, scale = q
+    return np.asarray(codes).reshape(-1).view(np.uint8), np.asarray(scale).reshape(-1).view(
+        np.uint8
+    )
+
+
+def _min_bytes(name: str, shape) -> float:
+    n = shape[0] * shape[1]
+    extra = 4 * n / shape[1] if name == "rowwise" else 0
+    return 2 * 2 * n + n + extra
+
+
+def speed(iters: int, shapes) -> list[dict]:
+    rows = []
+    for shape in shapes:
+        x = jax.random.normal(jax.random.key(0), shape, jnp.bfloat16)
+        copy = jax.jit(lambda a: a * 2)
+        copy_ms = time_ms(copy, (x,), iters)
+        copy_gbs = 2 * 2 * x.size / (copy_ms * 1e-3) / 1e9
+        print(f"copy {shape}: {copy_ms:.4f} ms, {copy_gbs:.0f} GB/s", flush=True)
+        for name, scheme in SCHEMES.items():
+            outs = {}
+            for path, pallas in (("pallas", True), ("xla", False)):
+                fn = _quantize_fn(scheme, pallas)(x)
+                uses_kernel = "lowp_float8_cast" in fn.as_text()
+                ms = time_ms(fn, (x,), iters)
+                outs[path] = _bytes(fn(x))
+                fraction = _min_bytes(name, shape) / (ms * 1e-3) / 1e9 / copy_gbs
+                rows.append(
+                    {
+                        "shape": list(shape),
+                        "scheme": name,
+                        "path": path,
+                        "kernel_in_hlo": uses_kernel,
+                        "ms": round(ms, 4),
+                        "copy_ms": round(copy_ms, 4),
+                        "fraction_of_copy": round(fraction, 3),
+                    }
+                )
+                print(
+                    f"{name:10s} {shape!s:14s} {path:6s} {ms:8.4f} ms  "
+                    f"{fraction:.3f} of copy  kernel={uses_kernel}",
+                    flush=True,
+                )
+            same = all(
+                np.array_equal(a, b) for a, b in zip(outs["pallas"], outs["xla"], strict=True)
+            )
+            rows[-1]["same_bytes_as_pallas"] = same
+            print(f"{name:10s} {shape!s:14s} same bytes: {same}", flush=True)
+    return rows
+
+
+def _edge_input(dtype, rng) -> np.ndarray:
+    x = rng.standard_normal((64, 1000)).astype(np.float32)
+    x *= np.float32(10.0) ** rng.integers(-6, 6, size=x.shape).astype(np.float32)
+    x[0, :8] = [1e-40, -1e-40, -0.0, 0.0, 3e38, -3e38, 1e-30, 5e-39]
+    x[1, :] = 0.0
+    x[2, :] = 1e-40  # an all-subnormal row: flushed, its amax is 0
+    x[3, 5] = np.nan
+    x[4, 7] = -np.inf
+    x[5, :] = 448.0 * np.linspace(-1, 1, 1000, dtype=np.float32)
+    return np.asarray(jnp.asarray(x).astype(dtype))
+
+
+def edges() -> list[dict]:
+    rng = np.random.default_rng(7)
+    results = []
+    for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+        x = _edge_input(dtype, rng)
+        for fmt in ("float8_e4m3fn", "float8_e5m2"):
+            for name, scheme in (
+                ("tensorwise", lowp.TensorScaling(fmt=fmt)),
+                ("tensorwise_finite", lowp.TensorScaling(fmt=fmt)),
+                ("rowwise", lowp.AxisScaling(axis=-1, fmt=fmt)),
+                ("rowwise_pow2", lowp.AxisScaling(axis=-1, fmt=fmt, pow2=True)),
+            ):
+                xi = np.where(np.isfinite(x), x, 0).astype(x.dtype) if "finite" in name else x
+                got = _quantize_fn(scheme, True)(jnp.asarray(xi))
+                uses_kernel = "lowp_float8_cast" in got.as_text()
+                codes, scale = _bytes(got(jnp.asarray(xi)))
+                want = lowp.quantize(np.asarray(jnp.asarray(xi).astype(jnp.float32)), scheme)
+                ok = np.array_equal(
+                    codes, want.codes.reshape(-1).view(np.uint8)
+                ) and np.array_equal(
+                    scale, np.asarray(want.scale, np.float32).reshape(-1).view(np.uint8)
+                )
+                results.append(
+                    {
+                        "dtype": np.dtype(dtype).name,
+                        "fmt": fmt,
+                        "scheme": name,
+                        "kernel_in_hlo": uses_kernel,
+                        "equal": ok,
+                    }
+                )
+                print(
+                    f"edge {np.dtype(dtype).name:9s} {fmt} {name:18s} equal={ok} kernel={uses_kernel}"
+                )
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--out", type=pathlib.Path)
+    parser.add_argument("--small", action="store_true", help="a CPU smoke run")
+    args = parser.parse_args(argv)
+    device = jax.devices()[0]
+    result = {"jax": jax.__version__, "device": device.device_kind, "edges": edges()}
+    result["speed"] = speed(args.iters, SMALL_SHAPES if args.small else SHAPES)
+    bad = [e for e in result["edges"] if not e["equal"]]
+    print(f"edge cases: {len(result['edges']) - len(bad)} of {len(result['edges'])} equal")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
