@@ -464,9 +464,9 @@ class TrainingDotGeneral:
 jax.tree_util.register_static(TrainingDotGeneral)
 
 
-def training_dot_general_cls(recipe, impl: str = "auto"):
+def training_dot_general_cls(recipe, impl: str = "auto", small_shapes: str = "auto"):
     """What `flax.linen.Dense(dot_general_cls=...)` takes: a zero-argument callable
-    returning `TrainingDotGeneral(recipe, impl)`.
+    returning `TrainingDotGeneral(recipe, impl, small_shapes)`.
 
     >>> import jax, jax.numpy as jnp, flax.linen as nn, lowp_jax
     >>> dense = nn.Dense(64, dot_general_cls=lowp_jax.training_dot_general_cls("float8_rowwise"))
@@ -474,12 +474,14 @@ def training_dot_general_cls(recipe, impl: str = "auto"):
     >>> jax.grad(lambda p: dense.apply(p, jnp.ones((64, 128))).sum())(params)["params"]["kernel"].shape
     (128, 64)
     """
-    return functools.partial(TrainingDotGeneral, as_recipe(recipe), impl)
+    return functools.partial(TrainingDotGeneral, as_recipe(recipe), impl, small_shapes)
 
 
-def layer_dot_general(config, recipe, impl: str):
+def layer_dot_general(config, recipe, impl: str, small_shapes: str = "auto"):
     """The dot of a lowp_jax layer: `QuantizedDotGeneral(config)` for inference or
-    `TrainingDotGeneral(recipe)` for training; TypeError unless exactly one is given."""
+    `TrainingDotGeneral(recipe, impl, small_shapes)` for training; TypeError unless
+    exactly one is given. `small_shapes` is the training policy's: an inference config
+    takes only "auto" (it quantizes what its filter chose)."""
     if (config is None) == (recipe is None):
         raise TypeError(
             "pass exactly one of config= (inference: a lowp.InferenceConfig or preset name) "
@@ -487,5 +489,10 @@ def layer_dot_general(config, recipe, impl: str):
             f"recipe={recipe!r}"
         )
     if recipe is not None:
-        return TrainingDotGeneral(recipe, impl)
+        return TrainingDotGeneral(recipe, impl, small_shapes)
+    if small_shapes != "auto":
+        raise ValueError(
+            f"small_shapes={small_shapes!r} is a training option (with recipe=); an inference "
+            f"config quantizes every layer it is given, got config={config!r}"
+        )
     return _quantized_dot.QuantizedDotGeneral(config, impl)

@@ -37,6 +37,8 @@ class Dense(nn.Module):
       recipe: instead of config, the training Recipe or recipe name
         (`lowp_jax.TrainingDotGeneral`).
       impl: the `lowp_jax.dot_general` branch ("auto").
+      small_shapes: with recipe, "auto" (the small-shape policy of
+        `lowp_jax.training_dot_general`) or "quantize" (always the recipe).
       use_bias, dtype, param_dtype, precision, kernel_init, bias_init: as nn.Dense.
 
     >>> import jax, jax.numpy as jnp, lowp_jax, lowp_jax.linen
@@ -50,6 +52,7 @@ class Dense(nn.Module):
     config: Any = None
     recipe: Any = None
     impl: str = "auto"
+    small_shapes: str = "auto"
     use_bias: bool = True
     dtype: Any = None
     param_dtype: Any = jnp.float32
@@ -78,12 +81,14 @@ class Dense(nn.Module):
             if self.use_bias
             else None
         )
-        promoted_inputs, promoted_kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+        promoted_inputs, promoted_kernel, bias = promote_dtype(
+            inputs, kernel, bias, dtype=self.dtype
+        )
         # Training quantizes the master weight in its parameter dtype (see
         # lowp_jax.nnx.master_weight_promote_dtype); inference uses the promoted kernel.
         inputs = promoted_inputs
         kernel = kernel if self.recipe is not None else promoted_kernel
-        dot = _training.layer_dot_general(self.config, self.recipe, self.impl)
+        dot = _training.layer_dot_general(self.config, self.recipe, self.impl, self.small_shapes)
         y = dot(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)
         if bias is not None:
             y += jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))

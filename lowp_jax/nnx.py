@@ -27,6 +27,8 @@ class Linear(nnx.Linear):
       recipe: instead of config, the training Recipe or recipe name: forward and backward
         GEMMs quantized at each call (`lowp_jax.TrainingDotGeneral`).
       impl: the `lowp_jax.dot_general` branch ("auto").
+      small_shapes: with recipe, "auto" (the small-shape policy of
+        `lowp_jax.training_dot_general`) or "quantize" (always the recipe).
       **kwargs: the rest of nnx.Linear's arguments (use_bias, dtype, param_dtype,
         precision, kernel_init, bias_init, rngs, ...).
 
@@ -54,6 +56,7 @@ class Linear(nnx.Linear):
         config=None,
         recipe=None,
         impl="auto",
+        small_shapes="auto",
         **kwargs,
     ):
         kwargs.setdefault(
@@ -62,7 +65,7 @@ class Linear(nnx.Linear):
         super().__init__(
             in_features,
             out_features,
-            dot_general=_training.layer_dot_general(config, recipe, impl),
+            dot_general=_training.layer_dot_general(config, recipe, impl, small_shapes),
             **kwargs,
         )
 

@@ -99,7 +99,9 @@ def test_every_gemm_against_high_precision(recipe, rank):
     highest = lax.Precision.HIGHEST  # for the high-precision wgrad (TF32 on a GPU otherwise)
 
     def f(x, kernel):
-        return lowp_jax.training_dot_general(x, kernel, flax_dims(rank), highest, recipe=recipe)
+        return lowp_jax.training_dot_general(
+            x, kernel, flax_dims(rank), highest, recipe=recipe, small_shapes="quantize"
+        )
 
     y, vjp = jax.vjp(f, x, w.T)
     dx, dkernel = vjp(g)
@@ -560,7 +562,9 @@ def test_fp8_gemms_in_the_compiled_training_step(recipe):
     target = jax.random.normal(kt, (512, 2048), jnp.float32)
 
     def loss(x, kernel):  # a cotangent that is no constant, so XLA cannot fold the dgrad
-        y = lowp_jax.training_dot_general(x, kernel, flax_dims(2), recipe=recipe)
+        y = lowp_jax.training_dot_general(
+            x, kernel, flax_dims(2), recipe=recipe, small_shapes="quantize"
+        )
         return (y.astype(jnp.float32) * target).sum()
 
     # value_and_grad: under jax.grad alone the forward product is dead code, and XLA
@@ -589,13 +593,21 @@ def test_mixed_precision_layers_quantize_the_float32_master_weight(layer_kind):
     x = jax.random.normal(jax.random.key(1), (64, 128), jnp.float32)
     if layer_kind == "nnx":
         layer = lowp_jax.nnx.Linear(
-            128, 64, recipe=recipe, dtype=jnp.bfloat16, use_bias=False, rngs=nnx.Rngs(0)
+            128,
+            64,
+            recipe=recipe,
+            small_shapes="quantize",
+            dtype=jnp.bfloat16,
+            use_bias=False,
+            rngs=nnx.Rngs(0),
         )
         kernel = layer.kernel[...]
         y = layer(x)
         dk = nnx.grad(lambda m: m(x).astype(jnp.float32).sum())(layer)["kernel"][...]
     else:
-        dense = lowp_jax.linen.Dense(64, recipe=recipe, dtype=jnp.bfloat16, use_bias=False)
+        dense = lowp_jax.linen.Dense(
+            64, recipe=recipe, small_shapes="quantize", dtype=jnp.bfloat16, use_bias=False
+        )
         params = dense.init(jax.random.key(0), x)
         kernel = params["params"]["kernel"]
         y = dense.apply(params, x)
@@ -604,10 +616,16 @@ def test_mixed_precision_layers_quantize_the_float32_master_weight(layer_kind):
         ]
     assert kernel.dtype == jnp.float32 and dk.dtype == jnp.float32 and y.dtype == jnp.bfloat16
     dims = (((1,), (0,)), ((), ()))
-    want = lowp_jax.training_dot_general(x.astype(jnp.bfloat16), kernel, dims, recipe=recipe)
+    want = lowp_jax.training_dot_general(
+        x.astype(jnp.bfloat16), kernel, dims, recipe=recipe, small_shapes="quantize"
+    )
     assert jnp.array_equal(y, want)
     bf16_copy = lowp_jax.training_dot_general(
-        x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16), dims, recipe=recipe
+        x.astype(jnp.bfloat16),
+        kernel.astype(jnp.bfloat16),
+        dims,
+        recipe=recipe,
+        small_shapes="quantize",
     )
     assert not jnp.array_equal(y, bf16_copy)  # the case distinguishes the two
 
@@ -663,6 +681,38 @@ def test_small_shapes_quantize_always_runs_the_recipe(fp8_kernels_here):
         ValueError, match=r"small_shapes must be one of \('auto', 'quantize'\), got 'no'"
     ):
         lowp_jax.TrainingDotGeneral("float8_rowwise", small_shapes="no")
+
+
+def test_the_layers_take_small_shapes(fp8_kernels_here):
+    """lowp_jax.nnx.Linear, lowp_jax.linen.Dense and training_dot_general_cls pass
+    small_shapes to their TrainingDotGeneral; with an inference config it is refused."""
+    from flax import nnx
+
+    import lowp_jax.linen
+    import lowp_jax.nnx
+
+    layer = lowp_jax.nnx.Linear(
+        64, 32, recipe="float8_rowwise", small_shapes="quantize", rngs=nnx.Rngs(0)
+    )
+    assert layer.dot_general.small_shapes == "quantize"
+    assert (
+        lowp_jax.nnx.Linear(64, 32, recipe="mxfp8", rngs=nnx.Rngs(0)).dot_general.small_shapes
+        == "auto"
+    )
+    assert (
+        lowp_jax.training_dot_general_cls("mxfp8", "auto", "quantize")().small_shapes == "quantize"
+    )
+    x = jnp.ones((8, 64))
+    dense = lowp_jax.linen.Dense(
+        32, recipe="float8_rowwise", small_shapes="quantize", use_bias=False
+    )
+    params = dense.init(jax.random.key(0), x)
+    plain = x @ params["params"]["kernel"]
+    assert not bool(jnp.all(dense.apply(params, x) == plain))  # quantized although small
+    with pytest.raises(ValueError, match=r"small_shapes='quantize' is a training option"):
+        lowp_jax.nnx.Linear(
+            64, 32, config="float8_rowwise", small_shapes="quantize", rngs=nnx.Rngs(0)
+        )
 
 
 class _FakeDevice:
