@@ -304,7 +304,7 @@ def _forward(lhs, rhs, plan: _Plan):
     impl, reason = _choose(a, b, plan.impl)
     logger.debug(f"dot_general {_describe(a)} x {_describe(b)}: impl={impl!r} ({reason})")
     if impl == "fp8":
-        y = _fp8_dot(a, b, plan.precision, plan.out_dtype)
+        y = _fp8_dot(a, b, plan.precision)
     elif impl == "scaled_matmul":
         y = _block_scaled_dot(a, b)
     elif impl == "dequantize":
@@ -359,17 +359,14 @@ def _values(x, dtype) -> jax.Array:
     return x.astype(dtype)
 
 
-def _fp8_dot(a: _qarray.QArray, b: _qarray.QArray, precision, out_dtype) -> jax.Array:
-    """fp8 codes into one 2-D dot, then the decode scales (spec §3.1 `d`), rounded once
-    to `out_dtype` (by the caller where this returns float32).
+def _fp8_dot(a: _qarray.QArray, b: _qarray.QArray, precision) -> jax.Array:
+    """fp8 codes into one 2-D dot accumulating in float32, then the decode scales (spec
+    §3.1 `d`); the caller rounds to the output dtype.
 
-    The dot accumulates in float32 and writes float32, which the scales multiply before
-    the one rounding. With power-of-two scales on both sides (the rowwise training
-    recipes) and a bfloat16 output, the dot writes bfloat16 instead (half the bytes, and
-    no float32 pass): multiplying a bfloat16 by a power of two is exact, so rounding
-    before the scales gives the same bfloat16 as after, for every output from 2**-126 up
-    (the accumulator of fp8 products is 0 or at least 2**-32 in magnitude, never
-    subnormal; a scaled output below 2**-126 may differ in its last subnormal bit).
+    The dot writes float32 even where a bfloat16 output followed by power-of-two scales
+    would be exact: measured on the H200 (jax 0.11.2), a bfloat16-output fp8 dot whose
+    result is then scaled is fused by XLA into a GEMM that is no cuBLASLt fp8 GEMM (the
+    rowwise training step kept 1 of its 3), for no speed gained.
 
     The codes go into the dot as they are, not in XLA's dequantize pattern (a dot of
     `convert(codes) * scale`, whose scalar scales XLA folds into cuBLASLt): measured on
@@ -378,18 +375,10 @@ def _fp8_dot(a: _qarray.QArray, b: _qarray.QArray, precision, out_dtype) -> jax.
     Triton GEMM fusion takes the dot first and runs it in float32, 4x slower.
     """
     lead, k = a.shape[:-1], a.shape[-1]
+    acc = _kdot(a.codes.reshape(-1, k), b.codes, precision)
     row = a.scale.reshape(-1, 1) if isinstance(a.scheme, lowp.AxisScaling) else a.scale
     col = b.scale.reshape(1, -1) if isinstance(b.scheme, lowp.AxisScaling) else b.scale
-    exact_in_bf16 = a.scheme.pow2 and b.scheme.pow2 and np.dtype(out_dtype) == jnp.bfloat16
-    acc = lax.dot_general(
-        a.codes.reshape(-1, k),
-        b.codes,
-        (((1,), (1,)), ((), ())),
-        precision=precision,
-        preferred_element_type=jnp.bfloat16 if exact_in_bf16 else jnp.float32,
-    )
-    y = acc.astype(jnp.float32) * (row * col)
-    return y.reshape(lead + (b.shape[0],))
+    return (acc * (row * col)).reshape(lead + (b.shape[0],))
 
 
 def _block_scaled_dot(a: _qarray.QArray, b: _qarray.QArray) -> jax.Array:

@@ -145,37 +145,6 @@ def test_scaled_matmul_operands_stand_for_the_dequantized_values(preset):
     np.testing.assert_allclose(values, want, rtol=2**-22, atol=0)
 
 
-@pytest.mark.parametrize("pow2", [True, False])
-@pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
-def test_power_of_two_scales_let_the_fp8_dot_write_bfloat16(pow2, out_dtype):
-    """With power-of-two scales on both operands and a bfloat16 output, the fp8 dot
-    writes bfloat16 and the scales multiply after (exact: the emulated product's
-    bytes); otherwise it writes float32 and rounds once after the scales."""
-    rng = np.random.default_rng(4)
-    x = jnp.asarray(rng.standard_normal((48, 256)) * 30, jnp.bfloat16)
-    w = jnp.asarray(rng.standard_normal((80, 256)) / 7, jnp.bfloat16)
-    scheme = lowp.AxisScaling(axis=-1, pow2=pow2)
-    qa, qb = lowp_jax.quantize(x, scheme), lowp_jax.quantize(w, scheme)
-    dims = (((1,), (1,)), ((), ()))
-
-    def fp8(a, b):
-        return lowp_jax.dot_general(a, b, dims, preferred_element_type=out_dtype, impl="fp8")
-
-    text = str(jax.make_jaxpr(fp8)(qa, qb))
-    written = "bf16" if pow2 and out_dtype == "bfloat16" else "f32"
-    dots = re.findall(r"(\w+)\[[\d,]*\] = dot_general\[", text)
-    assert dots == [written], dots
-    want = lowp_jax.dot_general(qa, qb, dims, preferred_element_type=out_dtype, impl="emulated")
-    got = fp8(qa, qb)
-    assert got.dtype == jnp.dtype(out_dtype)
-    if pow2:  # every dequantized product is exact: the same sums, the same roundings
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    else:  # scales before or after the sum: float32 roundings apart (cancellation aside)
-        got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-        rtol = 2**-7 if out_dtype == "bfloat16" else 1e-5  # one bfloat16 ulp
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=1e-5 * np.abs(want).max())
-
-
 def test_the_choice_and_its_reason():
     config = lowp.InferenceConfig.from_name("mxfp8")
     x, w = C.operands(C.SHAPES[2])
