@@ -5,11 +5,9 @@ clamp spelled out in JAX operations; on an sm_90 GPU (the GPU tests below, and t
 conformance run) with the inline `mul.rn.ftz.f32` and Triton's saturating cast.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
+import host_devices
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -140,8 +138,6 @@ _SHARDED = textwrap.dedent(
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import lowp
     from lowp_jax import _pallas_cast
-    sys_path_tests = __import__("sys").argv[1]
-    __import__("sys").path.insert(0, sys_path_tests)
     from test_jax_pallas_cast import codes_of, edge_values, multiplier
 
     mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "model"))
@@ -166,24 +162,8 @@ def test_a_sharded_input_is_cast_shard_by_shard():
     """Over 4 host devices (a subprocess: jax fixes the device count when it starts),
     sharded by rows, columns or both: no all-gather, the input's sharding kept, the
     unsharded bytes."""
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (
-        env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-    ).strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(here))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    done = subprocess.run(
-        [sys.executable, "-c", _SHARDED, here],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "sharded ok" in done.stdout
+    stdout = host_devices.run_on_four_cpu_devices(_SHARDED)
+    assert "sharded ok" in stdout
 
 
 # --- on an sm_90 GPU: the PTX kernel ---------------------------------------------------

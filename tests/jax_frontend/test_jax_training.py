@@ -9,12 +9,10 @@ dim a multiple of 32, as the MX recipes need.
 """
 
 import dataclasses
-import os
 import re
-import subprocess
-import sys
 import textwrap
 
+import host_devices
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -324,23 +322,8 @@ def test_sharded_over_four_cpu_devices():
     when it starts): float8_tensorwise's scales are amaxes over all devices' rows, yet
     every quantized operand is the unsharded run's bytes; the loss and gradients agree
     (the wgrad sum over M is split across devices, so its order differs)."""
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (
-        env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-    ).strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    done = subprocess.run(
-        [sys.executable, "-c", _SHARDED],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "sharded ok" in done.stdout
+    stdout = host_devices.run_on_four_cpu_devices(_SHARDED)
+    assert "sharded ok" in stdout
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
