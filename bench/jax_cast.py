@@ -107,11 +107,16 @@ def speed(iters: int, shapes) -> list[dict]:
 
 
 def _edge_input(dtype, rng) -> np.ndarray:
+    """Values finite in `dtype`: its subnormals and largest normals, signed zeros, an
+    all-zero and an all-tiny row, a NaN and an Inf row, a row up to e4m3's max."""
+    half = np.dtype(dtype) == np.float16
     x = rng.standard_normal((64, 1000)).astype(np.float32)
-    x *= np.float32(10.0) ** rng.integers(-6, 6, size=x.shape).astype(np.float32)
-    x[0, :8] = [1e-40, -1e-40, -0.0, 0.0, 3e38, -3e38, 1e-30, 5e-39]
+    x *= np.float32(10.0) ** rng.integers(-4 if half else -6, 5 if half else 6, size=x.shape)
+    x = np.clip(x, -60000.0, 60000.0) if half else x
+    tiny, huge = (6e-8, 65504.0) if half else (1e-40, 3e38)
+    x[0, :8] = [tiny, -tiny, -0.0, 0.0, huge, -huge, 6.1e-5 if half else 1e-30, 5e-39]
     x[1, :] = 0.0
-    x[2, :] = 1e-40  # an all-subnormal row: flushed, its amax is 0
+    x[2, :] = tiny  # an all-tiny row (float32 subnormals flush to an amax of 0)
     x[3, 5] = np.nan
     x[4, 7] = -np.inf
     x[5, :] = 448.0 * np.linspace(-1, 1, 1000, dtype=np.float32)

@@ -18,10 +18,11 @@ def cuda_capability(device) -> tuple[int, ...] | None:
 
 
 @functools.cache
-def sm90_gpu_present() -> bool:
-    """A CUDA device of compute capability >= 9.0 is among JAX's devices."""
+def sm90_gpus() -> bool:
+    """JAX has CUDA devices, and every one is of compute capability >= 9.0 (a kernel
+    chosen when lowering for CUDA may run on any of them)."""
     try:
         devices = jax.devices("gpu")
     except RuntimeError:  # no GPU backend
         return False
-    return any((cuda_capability(d) or (0,)) >= (9, 0) for d in devices)
+    return bool(devices) and all((cuda_capability(d) or (0,)) >= (9, 0) for d in devices)

@@ -57,8 +57,12 @@ ENABLED = True
 def applies(scheme: lowp.Scheme, fmt_name: str, shape: tuple[int, ...]) -> bool:
     """Whether a nearest-rounding cast of `shape` with `scheme` may take the kernel when
     lowered for CUDA: a float8 format, one scale for the tensor or per row of the last
-    axis, and a GPU for it on this machine."""
-    if not ENABLED or fmt_name not in _FLOAT8 or not shape or math.prod(shape) == 0:
+    axis, fewer than 2**31 elements (the kernel's offsets are int32), every GPU of this
+    machine sm_90+, and not inside `shard_map` (its per-device values carry types the
+    kernel's output would have to repeat; XLA's cast runs there instead)."""
+    if not ENABLED or fmt_name not in _FLOAT8 or not shape:
+        return False
+    if not 0 < math.prod(shape) < 2**31:
         return False
     if isinstance(scheme, lowp.AxisScaling):
         if (
@@ -68,7 +72,9 @@ def applies(scheme: lowp.Scheme, fmt_name: str, shape: tuple[int, ...]) -> bool:
             return False
     elif not isinstance(scheme, lowp.TensorScaling):
         return False
-    return _devices.sm90_gpu_present()
+    if jax.sharding.get_abstract_mesh().manual_axes:
+        return False
+    return _devices.sm90_gpus()
 
 
 def _next_pow2(n: int) -> int:
@@ -118,6 +124,8 @@ def _kernel(x_ref, m_ref, codes_ref, *, rows, cols, tile, per_row, native, fmt_m
 def _cast_local(x, multiplier, fmt_name: str, fmt_max: float, native: bool):
     """The kernel over x viewed as (R, C) with the multiplier as (1, 1) or (R, 1)."""
     shape = x.shape
+    if x.size == 0:  # an empty shard, or an empty batch under vmap: no program to launch
+        return jnp.zeros(shape, _FLOAT8[fmt_name])
     cols = shape[-1]
     x2 = x.reshape(-1, cols)
     rows = x2.shape[0]
@@ -149,21 +157,24 @@ def _cast_local(x, multiplier, fmt_name: str, fmt_max: float, native: bool):
 # Without these rules XLA would gather a sharded input onto every device for the kernel.
 
 
-def _specs(x_spec, ndim: int, per_row: bool):
-    x_spec = tuple(x_spec) + (None,) * (ndim - len(x_spec))
+def _specs(x_sharding, ndim: int, per_row: bool):
+    """(x's spec, the multiplier's): x keeps its sharding and the multiplier follows its
+    rows; a sharding with no mesh axes to name (not a NamedSharding) is replicated."""
+    x_spec = tuple(x_sharding.spec) if isinstance(x_sharding, NamedSharding) else ()
+    x_spec = x_spec + (None,) * (ndim - len(x_spec))
     m_spec = x_spec[:-1] + (None,) if per_row else (None,) * ndim
     return P(*x_spec), P(*m_spec)
 
 
 def _infer_sharding(fmt_name, fmt_max, native, mesh, arg_shapes, result_shape):
     x = arg_shapes[0]
-    x_spec, _ = _specs(x.sharding.spec, len(x.shape), False)
+    x_spec, _ = _specs(x.sharding, len(x.shape), False)
     return NamedSharding(mesh, x_spec)
 
 
 def _partition(fmt_name, fmt_max, native, mesh, arg_shapes, result_shape):
     x, m = arg_shapes
-    x_spec, m_spec = _specs(x.sharding.spec, len(x.shape), math.prod(m.shape) > 1)
+    x_spec, m_spec = _specs(x.sharding, len(x.shape), math.prod(m.shape) > 1)
 
     def lower(x, m):
         return _cast_local(x, m, fmt_name, fmt_max, native)

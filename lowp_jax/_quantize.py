@@ -270,6 +270,8 @@ def _float_scaled_codes(x, xf, m, poisoned, scheme, fmt, random) -> jax.Array:
         return in_xla(xf, m, poisoned)
 
     def in_pallas(xf, m, poisoned):
+        # The kernel reads x itself, in its own dtype (fewer bytes than float32 xf), and
+        # flushes it in its product.
         multiplier = jnp.where(poisoned, np.float32(np.nan), m)
         codes = _pallas_cast.cast(x, multiplier, fmt_name=fmt.name, fmt_max=fmt.max, native=True)
         return lax.bitcast_convert_type(codes, jnp.uint8)

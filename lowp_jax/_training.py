@@ -488,6 +488,8 @@ def layer_dot_general(config, recipe, impl: str, small_shapes: str = "auto"):
             f"and recipe= (training: a lowp.Recipe or recipe name); got config={config!r}, "
             f"recipe={recipe!r}"
         )
+    if small_shapes not in SMALL_SHAPES:
+        raise ValueError(f"small_shapes must be one of {SMALL_SHAPES}, got {small_shapes!r}")
     if recipe is not None:
         return TrainingDotGeneral(recipe, impl, small_shapes)
     if small_shapes != "auto":

@@ -52,13 +52,13 @@ class Dense(nn.Module):
     config: Any = None
     recipe: Any = None
     impl: str = "auto"
-    small_shapes: str = "auto"
     use_bias: bool = True
     dtype: Any = None
     param_dtype: Any = jnp.float32
     precision: Any = None
     kernel_init: Any = nn.initializers.lecun_normal()
     bias_init: Any = nn.initializers.zeros_init()
+    small_shapes: str = "auto"  # last: the fields before keep their positions
 
     @nn.compact
     def __call__(self, inputs: jax.Array) -> jax.Array:
