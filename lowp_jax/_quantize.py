@@ -7,7 +7,9 @@ spec §3 gives, with the hazards of spec §0 taken out of XLA's hands:
 - every division goes through `_exact.div_rn` (JAX's `/` is not correctly rounded on
   GPUs, and XLA turns division by a constant into multiplication on every backend);
 - stored products (scales, dequantized values) go through `_exact.mul_narrow`;
-- element codes come from lowp's integer encoder, ported to uint32 operations.
+- element codes come from lowp's integer encoder, ported to uint32 operations, or for
+  float8 from XLA's convert of clamped, flushed values; on sm_90+ GPUs the float8
+  tensorwise and rowwise casts run as one Pallas kernel (`_pallas_cast`).
 
 The float multiplications left, `x*m`, `x*2**k`, `x*inv`, `amax*k` and `S_enc*RN32(1/6)`,
 are exact, or round to a normal float32, or feed only the element encoder, where a
