@@ -1,13 +1,15 @@
 """JAX bf16 -> float8 activation casts: the Pallas kernel, XLA alone and a copy, in one run.
 
-For TensorScaling and AxisScaling along the last axis (e4m3), at 8192 x 8192 and 16384 x
-16384 bfloat16: the milliseconds of a jitted `lowp_jax.quantize` with the Pallas element
-cast (`lowp_jax._pallas_cast`, what runs on an sm_90 GPU) and with XLA alone, each as a
-fraction of a same-run device copy by the minimum bytes the cast moves (as in
-bench/casts.py: tensorwise 2bn + n, rowwise 2bn + n + 4n/K here, since XLA reduces the
-rows in a pass of its own), and whether the two paths wrote the same bytes. Then an edge
-case check of the kernel path against `lowp.quantize` (NumPy): subnormal, huge, signed
-zero, NaN and Inf inputs in float32, bfloat16 and float16.
+For TensorScaling and AxisScaling along the last axis (e4m3), at 8192 x 8192 and
+16384 x 16384 bfloat16: the milliseconds of a jitted `lowp_jax.quantize` with the
+Pallas element cast (`lowp_jax._pallas_cast`, what runs on an sm_90 GPU) and with XLA
+alone, each as a fraction of a same-run device copy by the minimum bytes the cast moves
+(as in bench/casts.py: tensorwise 2bn + n, rowwise 2bn + n + 4n/K here, since XLA
+reduces the rows in a pass of its own), and whether the two paths wrote the same bytes.
+Then the rowwise codes of x.T, which the training backward asks for, three ways (see
+`_quantize_fn`). Then an edge case check of the kernel path against `lowp.quantize`
+(NumPy): subnormal, huge, signed zero, NaN and Inf inputs in float32, bfloat16 and
+float16.
 
     python bench/jax_cast.py --out bench/results/h200_jax_cast.json     # on the GPU
 """
@@ -33,12 +35,18 @@ SHAPES = ((8192, 8192), (16384, 16384))
 SMALL_SHAPES = ((256, 512),)
 
 
-def _quantize_fn(scheme, pallas: bool):
+def _quantize_fn(scheme, pallas: bool, form: str = "plain"):
     """A fresh jit of lowp_jax.quantize with the kernel on or off (the switch is read
-    when the computation is traced, so each gets its own trace)."""
+    when the computation is traced, so each gets its own trace). form "plain" quantizes
+    x; "transposed" quantizes x.T (what the training backward asks of rowwise x and dy);
+    "axis0" gives the same bytes from x's columns (AxisScaling(axis=0)), then transposes
+    the 1-byte codes instead of the 2-byte input."""
 
     def run(x):
-        q = lowp_jax.quantize(x, scheme)
+        if form == "axis0":
+            q = lowp_jax.quantize(x, lowp.AxisScaling(axis=0, fmt=scheme.fmt, pow2=scheme.pow2))
+            return q.codes.T, q.scale.reshape(-1, 1)
+        q = lowp_jax.quantize(x.T if form == "transposed" else x, scheme)
         return q.codes, q.scale
 
     def traced(x):
@@ -103,6 +111,42 @@ def speed(iters: int, shapes) -> list[dict]:
             )
             rows[-1]["same_bytes_as_pallas"] = same
             print(f"{name:10s} {shape!s:14s} same bytes: {same}", flush=True)
+        rows += _transposed_rows(x, iters, copy_ms, copy_gbs)
+    return rows
+
+
+def _transposed_rows(x, iters, copy_ms, copy_gbs) -> list[dict]:
+    """Rowwise codes of x.T three ways (module docstring of `_quantize_fn`), same bytes."""
+    rows, outs = [], {}
+    scheme = SCHEMES["rowwise"]
+    for path, pallas, form in (
+        ("pallas_xT", True, "transposed"),
+        ("xla_xT", False, "transposed"),
+        ("axis0_codesT", True, "axis0"),
+    ):
+        fn = _quantize_fn(scheme, pallas, form)(x)
+        ms = time_ms(fn, (x,), iters)
+        outs[path] = _bytes(fn(x))
+        fraction = _min_bytes("rowwise", x.shape[::-1]) / (ms * 1e-3) / 1e9 / copy_gbs
+        rows.append(
+            {
+                "shape": list(x.shape),
+                "scheme": "rowwise_of_transpose",
+                "path": path,
+                "kernel_in_hlo": "lowp_float8_cast" in fn.as_text(),
+                "ms": round(ms, 4),
+                "copy_ms": round(copy_ms, 4),
+                "fraction_of_copy": round(fraction, 3),
+            }
+        )
+        print(f"rowwise x.T {x.shape!s:14s} {path:12s} {ms:8.4f} ms  {fraction:.3f} of copy")
+    same = all(
+        np.array_equal(a, b)
+        for other in ("xla_xT", "axis0_codesT")
+        for a, b in zip(outs["pallas_xT"], outs[other], strict=True)
+    )
+    rows[-1]["same_bytes_as_pallas"] = same
+    print(f"rowwise x.T {x.shape!s:14s} same bytes: {same}", flush=True)
     return rows
 
 
