@@ -1,4 +1,4 @@
-"""bench/jax_dense.py runs (tiny, on whatever backend) and writes its JSON."""
+"""bench/jax_dense.py and bench/jax_cast.py run (tiny, on whatever backend) and write their JSON."""
 
 import importlib.util
 import json
@@ -27,3 +27,28 @@ def test_small_run_writes_rows(tmp_path):
         ("float8_rowwise", "quantize"),
     ]
     assert all(r["ms"] > 0 and r["M"] == 256 for r in result["rows"])
+
+
+def test_small_cast_run_checks_bytes_and_writes_rows(tmp_path):
+    """The cast bench's paths write the same bytes, and its edge cases are lowp's."""
+    spec = importlib.util.spec_from_file_location(
+        "jax_cast", pathlib.Path(__file__).parents[2] / "bench" / "jax_cast.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "cast.json"
+    assert bench.main(["--small", "--iters", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert len(result["edges"]) == 24 and all(e["equal"] for e in result["edges"])
+    paths = [(r["scheme"], r["path"]) for r in result["speed"]]
+    assert paths == [
+        ("tensorwise", "pallas"),
+        ("tensorwise", "xla"),
+        ("rowwise", "pallas"),
+        ("rowwise", "xla"),
+        ("rowwise_of_transpose", "pallas_xT"),
+        ("rowwise_of_transpose", "xla_xT"),
+        ("rowwise_of_transpose", "axis0_codesT"),
+    ]
+    compared = [r for r in result["speed"] if "same_bytes_as_pallas" in r]
+    assert len(compared) == 3 and all(r["same_bytes_as_pallas"] for r in compared)
