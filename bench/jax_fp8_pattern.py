@@ -8,10 +8,8 @@ bf16 1.574), but with the activation quantized inside the same jit ("b", "bb" be
 optimization barrier, "b16" in bf16) the dot runs as a float32 or bf16 GEMM instead
 (3.20 / 3.33 / 1.71 ms). lowp_jax therefore feeds the codes straight into the dot ("a":
 0.966 ms, its fp8 GEMM writing float32 and one fused pass scaling it), which rounds once.
-"f" tries the pattern on the weight side only. "d" (bf16 GEMM output, then the scale
-in bf16) rounds the scale as well and is shown for speed only; "g" (bf16 GEMM output,
-then the float32 scale, rounded again) is what lowp_jax runs for tensorwise operands
-with fast accumulation (`lowp_jax._dot._gemm_output_dtype`).
+"f" tries the pattern on the weight side only. "d" (bf16 GEMM output, then the scale)
+rounds twice and is shown for speed only.
 
     python bench/jax_fp8_pattern.py            # 8192^3 on the GPU
     python bench/jax_fp8_pattern.py 256        # a CPU smoke run (no fp8 GEMM there)
@@ -106,12 +104,6 @@ def variant_d(x, wc, ws):  # f8 dot, bf16 out, then scale (rounds twice)
     return acc * (a.scale * ws).astype(jnp.bfloat16)
 
 
-def variant_g(x, wc, ws):  # lowp_jax now: f8 dot, bf16 out, times the f32 scale, rounded
-    a = q(x)
-    acc = lax.dot_general(a.codes, wc, DN, preferred_element_type=jnp.bfloat16)
-    return (acc.astype(jnp.float32) * (a.scale * ws)).astype(jnp.bfloat16)
-
-
 def variant_e(xc, xs, wc, ws):  # lowp's gemm part only
     acc = lax.dot_general(xc, wc, DN, preferred_element_type=jnp.float32)
     return (acc * (xs * ws)).astype(jnp.bfloat16)
@@ -145,7 +137,6 @@ def main():
         ("d", variant_d, args3),
         ("e", variant_e, args4),
         ("f", variant_f, args3),
-        ("g", variant_g, args3),
     ]:
         rows.append((name, fn, args))
     for name, fn, args in rows:
@@ -154,7 +145,7 @@ def main():
         f8 = "__cublas$lt$matmul$f8" in text
         ms = time_ms(j, args, iters=20)
         diff = ""
-        if name in ["a", "b", "b16", "bb", "d", "f", "g"]:
+        if name in ["a", "b", "b16", "bb", "d", "f"]:
             out = j(*args).astype(jnp.float32)
             diff = (
                 f" maxdiff_vs_a={float(jnp.max(jnp.abs(out - ref))):.4g} "

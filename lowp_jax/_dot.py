@@ -11,9 +11,9 @@ contracting axis. Then one branch of `_forward` computes the product:
   into one `lax.dot_general`, which XLA on Hopper rewrites into cuBLASLt's fp8 GEMM
   (`__cublas$lt$matmul$f8`); its result is multiplied by the per-tensor or per-row (M)
   x per-column (N) decode scales. The GEMM writes float32, rounded once to the output
-  dtype after the scales, except for tensorwise operands and a bfloat16 output where
-  rounding first costs nothing that spec §7 counts (`_gemm_output_dtype`): then it
-  writes bfloat16 and XLA folds the scale into it, half the bytes and no float32 pass. The activation is reshaped to (M, K): XLA's fp8
+  dtype after the scales, except for a bfloat16 output where rounding first costs
+  nothing that spec §7 counts (`_gemm_output_dtype`): then it writes bfloat16, half
+  the bytes and no float32 pass. The activation is reshaped to (M, K): XLA's fp8
   rewrite takes one non-contracting dim per operand.
 - "scaled_matmul": MX (fp8 or fp4 elements, 32-blocks) and NVFP4 operands through
   `jax.nn.scaled_matmul`, which runs cuDNN's block-scaled GEMM on Blackwell (compute
@@ -92,8 +92,8 @@ def dot_general(
       precision: passed to the underlying dot ("fp8", "dequantize"). On Hopper the
         default precision lets cuBLASLt use its fast fp8 accumulation, as spec §8's
         forward GEMMs do; `lax.Precision.HIGHEST` asks for the exact one. With the
-        default precision and a bfloat16 output, a tensorwise fp8 GEMM whose scales
-        are not both powers of two rounds twice (its bfloat16 output, then times the scales:
+        default precision and a bfloat16 output, an fp8 GEMM whose scales are not
+        both powers of two rounds twice (its bfloat16 output, then times the scales:
         at most one bfloat16 ulp in all, below what fast accumulation itself loses);
         HIGHEST rounds once.
       preferred_element_type: the output dtype; default the promotion of the operands'
@@ -374,43 +374,41 @@ def _fp8_dot(a: _qarray.QArray, b: _qarray.QArray, precision, out_dtype) -> jax.
     the H200 (jax 0.11.2), that pattern reaches the fp8 GEMM only when the codes are
     inputs of the computation; with the activation quantized in the same jit, XLA's
     Triton GEMM fusion takes the dot first and runs it in float32, 4x slower.
+
+    Where the dot writes `out_dtype` (`_gemm_output_dtype`), an optimization barrier
+    keeps the scaling out of the dot's fusion: without it XLA fused a bfloat16-output
+    fp8 dot and its row / column scaling into a GEMM that was no cuBLASLt fp8 GEMM (the
+    rowwise training step on the H200 kept 1 of its 3).
     """
     lead, k = a.shape[:-1], a.shape[-1]
     row = a.scale.reshape(-1, 1) if isinstance(a.scheme, lowp.AxisScaling) else a.scale
     col = b.scale.reshape(1, -1) if isinstance(b.scheme, lowp.AxisScaling) else b.scale
+    written = _gemm_output_dtype(a.scheme, b.scheme, precision, out_dtype)
     acc = lax.dot_general(
         a.codes.reshape(-1, k),
         b.codes,
         (((1,), (1,)), ((), ())),
         precision=precision,
-        preferred_element_type=_gemm_output_dtype(a.scheme, b.scheme, precision, out_dtype),
+        preferred_element_type=written,
     )
-    return (acc.astype(jnp.float32) * (row * col)).reshape(lead + (b.shape[0],))
+    if written != jnp.float32:
+        acc = lax.optimization_barrier(acc).astype(jnp.float32)
+    return (acc * (row * col)).reshape(lead + (b.shape[0],))
 
 
 def _gemm_output_dtype(sa: lowp.Scheme, sb: lowp.Scheme, precision, out_dtype) -> np.dtype:
-    """What the fp8 GEMM writes: bfloat16 for a bfloat16 output of two tensorwise
-    operands where rounding before the scale costs nothing that spec §7 counts, else
-    float32 (rounded once, after the scales).
+    """What the fp8 GEMM writes: bfloat16 for a bfloat16 output where rounding before
+    the scales is free, else float32 (rounded once, after them).
 
-    Nothing counted means one of:
-    - both scales are powers of two: a bfloat16 times a power of two is exact
-      (bfloat16 has float32's exponent range), so the result is the same bfloat16 for
-      every output of magnitude 2**-126 or more;
+    Free means one of:
+    - both scales are powers of two (the rowwise recipes): a bfloat16 times a power of
+      two is exact (bfloat16 has float32's exponent range), so the result is the same
+      bfloat16 for every output of magnitude 2**-126 or more;
     - fast accumulation (precision DEFAULT): spec §7 then bounds the output by its SQNR
       alone, and the second rounding adds at most half a bfloat16 ulp.
-
-    Only tensorwise x tensorwise: the product is then one GEMM times one scalar, which
-    XLA folds into cuBLASLt's fp8 GEMM. Row / column scales (AxisScaling) stay float32:
-    measured on the H200 (jax 0.11.2), a bfloat16-output dot whose result is then
-    scaled by vectors was fused into a GEMM that was no cuBLASLt fp8 GEMM (the rowwise
-    training step kept 1 of its 3); behind an optimization barrier it stayed one, but
-    the separate scaling pass left the training step no faster relative to flax's in
-    the same run (x0.827 of flax against x0.829 with float32). float16 is excluded: an
-    fp8 accumulator can pass its 65504 before the scale.
+    float16 is excluded: an fp8 accumulator can pass its 65504 before the scales.
     """
-    scalar = isinstance(sa, lowp.TensorScaling) and isinstance(sb, lowp.TensorScaling)
-    if not scalar or np.dtype(out_dtype) != jnp.bfloat16:
+    if np.dtype(out_dtype) != jnp.bfloat16:
         return np.dtype(jnp.float32)
     if (sa.pow2 and sb.pow2) or _fast_accumulation(precision):
         return np.dtype(jnp.bfloat16)

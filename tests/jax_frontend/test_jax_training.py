@@ -540,10 +540,9 @@ def test_fp8_gemms_in_the_compiled_training_step(recipe):
     """On the GPU the compiled forward+backward runs three cuBLASLt fp8 GEMMs: the forward
     at DEFAULT precision (fast accumulation), dgrad and wgrad at HIGHEST (without)."""
     kx, kw, kt = jax.random.split(jax.random.key(0), 3)
-    # A shape where the GEMMs matter (see test_jax_dot's dense-layer test on small ones).
-    x = jax.random.normal(kx, (2048, 4096), jnp.bfloat16)
-    kernel = jax.random.normal(kw, (4096, 4096), jnp.bfloat16)
-    target = jax.random.normal(kt, (2048, 4096), jnp.float32)
+    x = jax.random.normal(kx, (512, 1024), jnp.bfloat16)
+    kernel = jax.random.normal(kw, (1024, 2048), jnp.bfloat16)
+    target = jax.random.normal(kt, (512, 2048), jnp.float32)
 
     def loss(x, kernel):  # a cotangent that is no constant, so XLA cannot fold the dgrad
         y = lowp_jax.training_dot_general(
@@ -564,10 +563,10 @@ def test_fp8_gemms_in_the_compiled_training_step(recipe):
         )
         for c in calls
     )
-    # What each GEMM writes (`lowp_jax._dot._gemm_output_dtype`): bfloat16 for the
-    # tensorwise forward (fast accumulation, one scalar scale), else float32.
-    forward = "bf16" if recipe == "float8_tensorwise" else "f32"
-    want = [("DEFAULT", forward), ("HIGHEST", "f32"), ("HIGHEST", "f32")]
+    # What each GEMM writes (`lowp_jax._dot._gemm_output_dtype`): bfloat16 where rounding
+    # before the scales is free (fast accumulation, or rowwise's power-of-two scales).
+    exact = "bf16" if recipe == "float8_rowwise" else "f32"
+    want = [("DEFAULT", "bf16"), ("HIGHEST", exact), ("HIGHEST", exact)]
     assert written == want, "\n".join(calls)
 
 
