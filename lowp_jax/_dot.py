@@ -8,12 +8,10 @@ its groups always run along K (spec §8); a QArray must already be quantized alo
 contracting axis. Then one branch of `_forward` computes the product:
 
 - "fp8": float8 codes of tensorwise / rowwise (AxisScaling along K) operands straight
-  into one `lax.dot_general`, which XLA on Hopper rewrites into cuBLASLt's fp8 GEMM
-  (`__cublas$lt$matmul$f8`); its result is multiplied by the per-tensor or per-row (M)
-  x per-column (N) decode scales. The GEMM writes float32, rounded once to the output
-  dtype after the scales, except for a bfloat16 output where rounding first costs
-  nothing that spec §7 counts (`_gemm_output_dtype`): then it writes bfloat16, half
-  the bytes and no float32 pass. The activation is reshaped to (M, K): XLA's fp8
+  into `lax.dot_general(..., preferred_element_type=float32)`, which XLA on Hopper
+  rewrites into cuBLASLt's fp8 GEMM (`__cublas$lt$matmul$f8`); the float32 result is
+  multiplied by the per-tensor or per-row (M) x per-column (N) decode scales, then
+  rounded once to the output dtype. The activation is reshaped to (M, K): XLA's fp8
   rewrite takes one non-contracting dim per operand.
 - "scaled_matmul": MX (fp8 or fp4 elements, 32-blocks) and NVFP4 operands through
   `jax.nn.scaled_matmul`, which runs cuDNN's block-scaled GEMM on Blackwell (compute
@@ -91,11 +89,7 @@ def dot_general(
         as for `lax.dot_general`, with one contracting axis each and no batch axes.
       precision: passed to the underlying dot ("fp8", "dequantize"). On Hopper the
         default precision lets cuBLASLt use its fast fp8 accumulation, as spec §8's
-        forward GEMMs do; `lax.Precision.HIGHEST` asks for the exact one. With the
-        default precision and a bfloat16 output, an fp8 GEMM whose scales are not
-        both powers of two rounds twice (its bfloat16 output, then times the scales:
-        at most one bfloat16 ulp in all, below what fast accumulation itself loses);
-        HIGHEST rounds once.
+        forward GEMMs do; `lax.Precision.HIGHEST` asks for the exact one.
       preferred_element_type: the output dtype; default the promotion of the operands'
         high-precision dtypes (a QArray counts as its `hp_dtype`).
       config: the `lowp.InferenceConfig` whose schemes quantize high-precision
@@ -310,7 +304,7 @@ def _forward(lhs, rhs, plan: _Plan):
     impl, reason = _choose(a, b, plan.impl)
     logger.debug(f"dot_general {_describe(a)} x {_describe(b)}: impl={impl!r} ({reason})")
     if impl == "fp8":
-        y = _fp8_dot(a, b, plan.precision, plan.out_dtype)
+        y = _fp8_dot(a, b, plan.precision)
     elif impl == "scaled_matmul":
         y = _block_scaled_dot(a, b)
     elif impl == "dequantize":
@@ -365,69 +359,26 @@ def _values(x, dtype) -> jax.Array:
     return x.astype(dtype)
 
 
-def _fp8_dot(a: _qarray.QArray, b: _qarray.QArray, precision, out_dtype) -> jax.Array:
-    """fp8 codes into one 2-D dot, then the decode scales (spec §3.1 `d`); the caller
-    rounds to `out_dtype` (exactly, where the dot already wrote it).
+def _fp8_dot(a: _qarray.QArray, b: _qarray.QArray, precision) -> jax.Array:
+    """fp8 codes into one 2-D dot accumulating in float32, then the decode scales (spec
+    §3.1 `d`); the caller rounds to the output dtype.
+
+    The dot writes float32 even where a bfloat16 output followed by power-of-two scales
+    would be exact: measured on the H200 (jax 0.11.2), a bfloat16-output fp8 dot whose
+    result is then scaled is fused by XLA into a GEMM that is no cuBLASLt fp8 GEMM (the
+    rowwise training step kept 1 of its 3), for no speed gained.
 
     The codes go into the dot as they are, not in XLA's dequantize pattern (a dot of
     `convert(codes) * scale`, whose scalar scales XLA folds into cuBLASLt): measured on
     the H200 (jax 0.11.2), that pattern reaches the fp8 GEMM only when the codes are
     inputs of the computation; with the activation quantized in the same jit, XLA's
     Triton GEMM fusion takes the dot first and runs it in float32, 4x slower.
-
-    Where the dot writes `out_dtype` (`_gemm_output_dtype`), an optimization barrier
-    keeps the scaling out of the dot's fusion: without it XLA fused a bfloat16-output
-    fp8 dot and its row / column scaling into a GEMM that was no cuBLASLt fp8 GEMM (the
-    rowwise training step on the H200 kept 1 of its 3).
     """
     lead, k = a.shape[:-1], a.shape[-1]
+    acc = _kdot(a.codes.reshape(-1, k), b.codes, precision)
     row = a.scale.reshape(-1, 1) if isinstance(a.scheme, lowp.AxisScaling) else a.scale
     col = b.scale.reshape(1, -1) if isinstance(b.scheme, lowp.AxisScaling) else b.scale
-    written = _gemm_output_dtype(a.scheme, b.scheme, precision, out_dtype)
-    acc = lax.dot_general(
-        a.codes.reshape(-1, k),
-        b.codes,
-        (((1,), (1,)), ((), ())),
-        precision=precision,
-        preferred_element_type=written,
-    )
-    if written != jnp.float32:
-        acc = lax.optimization_barrier(acc).astype(jnp.float32)
     return (acc * (row * col)).reshape(lead + (b.shape[0],))
-
-
-def _gemm_output_dtype(sa: lowp.Scheme, sb: lowp.Scheme, precision, out_dtype) -> np.dtype:
-    """What the fp8 GEMM writes: bfloat16 for a bfloat16 output where rounding before
-    the scales is free, else float32 (rounded once, after them).
-
-    Free means one of:
-    - both scales are powers of two (the rowwise recipes): a bfloat16 times a power of
-      two is exact (bfloat16 has float32's exponent range), so the result is the same
-      bfloat16 for every output of magnitude 2**-126 or more;
-    - fast accumulation (precision DEFAULT): spec §7 then bounds the output by its SQNR
-      alone, and the second rounding adds at most half a bfloat16 ulp.
-    float16 is excluded: an fp8 accumulator can pass its 65504 before the scales.
-    """
-    if np.dtype(out_dtype) != jnp.bfloat16:
-        return np.dtype(jnp.float32)
-    if (sa.pow2 and sb.pow2) or _fast_accumulation(precision):
-        return np.dtype(jnp.bfloat16)
-    return np.dtype(jnp.float32)
-
-
-def _fast_accumulation(precision) -> bool:
-    """Whether `precision` is XLA's DEFAULT for both operands (None included), with
-    which cuBLASLt's fp8 GEMM accumulates fast."""
-    items = precision if isinstance(precision, (tuple, list)) else (precision,)
-    for p in items:
-        if p is None:
-            continue
-        try:
-            if lax.Precision(p) != lax.Precision.DEFAULT:
-                return False
-        except (ValueError, TypeError):  # a dot algorithm, not a precision
-            return False
-    return True
 
 
 def _block_scaled_dot(a: _qarray.QArray, b: _qarray.QArray) -> jax.Array:

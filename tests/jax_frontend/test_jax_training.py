@@ -556,18 +556,10 @@ def test_fp8_gemms_in_the_compiled_training_step(recipe):
     hlo = step.lower(x, kernel).compile().as_text()
     calls = [line for line in hlo.splitlines() if _FP8_GEMM in line and "custom-call(" in line]
     assert len(calls) == 3, f"{len(calls)} fp8 GEMMs:\n" + "\n".join(calls)
-    written = sorted(
-        (
-            m.group(1) if (m := re.search(r'"operand_precision":\["(\w+)"', c)) else "?",
-            m.group(1) if (m := re.search(r"= \(?(\w+)\[", c)) else "?",
-        )
-        for c in calls
+    precisions = sorted(
+        m.group(1) if (m := re.search(r'"operand_precision":\["(\w+)"', c)) else "?" for c in calls
     )
-    # What each GEMM writes (`lowp_jax._dot._gemm_output_dtype`): bfloat16 where rounding
-    # before the scales is free (fast accumulation, or rowwise's power-of-two scales).
-    exact = "bf16" if recipe == "float8_rowwise" else "f32"
-    want = [("DEFAULT", "bf16"), ("HIGHEST", exact), ("HIGHEST", exact)]
-    assert written == want, "\n".join(calls)
+    assert precisions == ["DEFAULT", "HIGHEST", "HIGHEST"], "\n".join(calls)
 
 
 @pytest.mark.parametrize("layer_kind", ["nnx", "linen"])
