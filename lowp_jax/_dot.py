@@ -363,10 +363,17 @@ def _fp8_dot(a: _qarray.QArray, b: _qarray.QArray, precision) -> jax.Array:
     """fp8 codes into one 2-D dot accumulating in float32, then the decode scales (spec
     §3.1 `d`); the caller rounds to the output dtype.
 
-    The dot writes float32 even where a bfloat16 output followed by power-of-two scales
-    would be exact: measured on the H200 (jax 0.11.2), a bfloat16-output fp8 dot whose
-    result is then scaled is fused by XLA into a GEMM that is no cuBLASLt fp8 GEMM (the
-    rowwise training step kept 1 of its 3), for no speed gained.
+    The dot writes float32, though a bfloat16 output is exact before power-of-two
+    scales and within spec §7 under fast accumulation. Three bfloat16-output forms
+    were measured on the H200 (jax 0.11.2), and none was faster:
+    - scaled right after the dot: XLA fused the scaling into a GEMM that was no
+      cuBLASLt fp8 GEMM (the rowwise training step kept 1 of its 3);
+    - with an optimization barrier before the scaling: 512x1024x2048 dots went to Triton
+      GEMMs; the 8192^3 dense layer ran at 1.64x bf16, against 1.66x for this float32
+      form in the same run; the rowwise training step stayed at 0.83x of flax's fp8;
+    - tensorwise only, no barrier: XLA gave the dot to a Triton GEMM fusion, even at
+      2048x4096x4096; the 8192^3 dense layer ran at 1.645x bf16, against 1.691x for the
+      rowwise layer (this float32 form) in the same run.
 
     The codes go into the dot as they are, not in XLA's dequantize pattern (a dot of
     `convert(codes) * scale`, whose scalar scales XLA folds into cuBLASLt): measured on
