@@ -69,6 +69,39 @@ def time_calls(fn, sync, timing: Timing) -> Measured:
     return Measured(statistics.median(samples), warmup_s, iters)
 
 
+def time_interleaved(fns, sync, timing: Timing) -> list[Measured]:
+    """Time several callables side by side: each warmed up and given its iteration
+    count as in `time_calls`, then `timing.repeats` rounds in which every one runs its
+    repeat in turn (the order rotating each round), each reported as the median of its
+    repeats.
+
+    For launch-bound calls (the small-shape sweep: a step of ~0.1 ms), whose times
+    drift with the host's load and the GPU's clocks over a run: the variants then see
+    the same drift, instead of one variant's repeats all falling in a slow stretch.
+    """
+    warmups, iters = [], []
+    for fn in fns:
+        start = time.perf_counter()
+        for _ in range(timing.warmup):
+            fn()
+        sync()
+        warmups.append(time.perf_counter() - start)
+        iters.append(timing.iters or _iters_for_target(fn, sync, timing))
+    samples = [[] for _ in fns]
+    for r in range(timing.repeats):
+        for i in range(len(fns)):
+            j = (i + r) % len(fns)
+            start = time.perf_counter()
+            for _ in range(iters[j]):
+                fns[j]()
+            sync()
+            samples[j].append((time.perf_counter() - start) * 1e3 / iters[j])
+    return [
+        Measured(statistics.median(s), w, n)
+        for s, w, n in zip(samples, warmups, iters, strict=True)
+    ]
+
+
 def _iters_for_target(fn, sync, timing: Timing) -> int:
     start = time.perf_counter()
     fn()

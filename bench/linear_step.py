@@ -87,31 +87,61 @@ def fwd_bwd(module: nn.Module, x: torch.Tensor, dy: torch.Tensor):
 
 def measure(impl, recipe, mode, tensors, timing: _timing.Timing, backend: str) -> dict:
     """One row: the median time of `fwd_bwd` for this variant and mode."""
+    return measure_interleaved([(impl, recipe)], mode, tensors, timing, backend)[0]
+
+
+def measure_interleaved(
+    variants, mode, tensors, timing: _timing.Timing, backend: str, on_error=None
+) -> list[dict]:
+    """One row per (impl, recipe) variant, timed side by side (`_timing.time_interleaved`).
+
+    on_error(variant, exception): called for a variant whose layer fails to build or
+    run, which then has no row while the others are timed; without it, the exception
+    propagates."""
     x, weight, dy = tensors
     (m, k), n = x.shape, weight.shape[0]
-    layer = make_layer(impl, recipe, weight)
-    decisions = None
-    if impl == "lowp":  # one eager call tells which kernels run (also when compiled)
-        decisions = _torch_log.lowp_decisions(fwd_bwd(layer, x, dy))
-    module = torch.compile(layer, backend=backend, dynamic=False) if mode == "compiled" else layer
-    result = _timing.time_calls(fwd_bwd(module, x, dy), _timing.torch_sync(x.device), timing)
-    row = {
-        "M": m,
-        "K": k,
-        "N": n,
-        "impl": impl,
-        "recipe": recipe or "bf16",
-        "mode": mode,
-        "ms": round(result.ms, 4),
-        "tflops": round(6 * m * k * n / (result.ms * 1e-3) / 1e12, 2),
-        "warmup_s": round(result.warmup_s, 2),
-        "iters": result.iters,
-    }
-    if decisions is not None:
-        row.update(decisions)
-        # No fp8 kernel for a GEMM (MX before sm_100, or CPU): the time is of emulation.
-        row["numerics_only"] = "emulated" in decisions["gemms"]
-    return row
+    kept, calls, decisions = [], [], []
+    for variant in variants:
+        impl, recipe = variant
+        try:
+            layer = make_layer(impl, recipe, weight)
+            # one eager call tells which kernels run (also when compiled)
+            decided = _torch_log.lowp_decisions(fwd_bwd(layer, x, dy)) if impl == "lowp" else None
+            if mode == "compiled":
+                layer = torch.compile(layer, backend=backend, dynamic=False)
+            call = fwd_bwd(layer, x, dy)
+            call()  # a failure to compile belongs to this variant
+        except Exception as e:  # reported through on_error; the other variants go on
+            if on_error is None:
+                raise
+            on_error(variant, e)
+            continue
+        kept.append(variant)
+        calls.append(call)
+        decisions.append(decided)
+    measured = _timing.time_interleaved(calls, _timing.torch_sync(x.device), timing)
+    rows = []
+    for (impl, recipe), result, decided in zip(kept, measured, decisions, strict=True):
+        row = {
+            "M": m,
+            "K": k,
+            "N": n,
+            "impl": impl,
+            "recipe": recipe or "bf16",
+            "mode": mode,
+            "ms": round(result.ms, 4),
+            "tflops": round(6 * m * k * n / (result.ms * 1e-3) / 1e12, 2),
+            "warmup_s": round(result.warmup_s, 2),
+            "iters": result.iters,
+        }
+        if len(kept) > 1:
+            row["timed_with"] = [f"{i} {r or 'bf16'}" for i, r in kept if (i, r) != (impl, recipe)]
+        if decided is not None:
+            row.update(decided)
+            # No fp8 kernel for a GEMM (MX before sm_100, or CPU): the time is of emulation.
+            row["numerics_only"] = "emulated" in decided["gemms"]
+        rows.append(row)
+    return rows
 
 
 def release(device) -> None:

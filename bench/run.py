@@ -209,15 +209,31 @@ def _linear_item(ctx, sec, impl, recipe, mode, tensors, shape) -> None:
 
 
 def sweep(ctx: Context, sec: _record.Section) -> None:
+    """One item per shape and mode: bf16 and every float8 recipe timed side by side
+    (`linear_step.measure_interleaved`). At small M a step is launch-bound, ~0.1 ms,
+    and timed one after another the variants drifted apart by up to 40% on the H200
+    even where the small-shape policy ran them as the same `F.linear`."""
     modes = ctx.modes("sweep_modes")
+    variants = [("bf16", None)] + [("lowp", r) for r in ctx.float8_recipes()]
     for kn in ctx.sizes.sweep_kn:
         for m in ctx.sizes.sweep_m:
             tensors = linear_step.inputs(m, kn, kn, ctx.device)
             shape = f"{m}x{kn}x{kn}"
             for mode in modes:
-                _linear_item(ctx, sec, "bf16", None, mode, tensors, shape)
-                for recipe in ctx.float8_recipes():
-                    _linear_item(ctx, sec, "lowp", recipe, mode, tensors, shape)
+
+                def measure(mode=mode, tensors=tensors, shape=shape):
+                    def failed(variant, error):
+                        impl, recipe = variant
+                        sec.fail(f"{shape} {impl} {recipe or ''} {mode}", error)
+
+                    try:
+                        return linear_step.measure_interleaved(
+                            variants, mode, tensors, ctx.sizes.timing, ctx.backend, failed
+                        )
+                    finally:
+                        linear_step.release(ctx.device)
+
+                sec.item(f"{shape} {mode}: bf16 and every float8 recipe", measure)
 
 
 def memory(ctx: Context, sec: _record.Section) -> None:

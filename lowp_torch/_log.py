@@ -7,11 +7,12 @@ cost a graph break.
 """
 
 import logging
+from collections.abc import Callable, Hashable
 
 import torch
 
 logger = logging.getLogger("lowp_torch")
-_said: set[tuple[int, str]] = set()
+_said: set[tuple[int, Hashable]] = set()
 
 
 def debug(message: str) -> None:
@@ -24,13 +25,15 @@ def warn_once(key: str, message: str) -> None:
     _once(logging.WARNING, key, message)
 
 
-def info_once(key: str, message: str) -> None:
-    """Log `message` at INFO the first time `key` is seen in this process."""
+def info_once(key: Hashable, message: str | Callable[[], str]) -> None:
+    """Log `message` at INFO the first time `key` is seen in this process. A callable
+    message is built only then: a layer's forward that asks on every call pays for a
+    set lookup, not for formatting text it will not log."""
     _once(logging.INFO, key, message)
 
 
-def _once(level: int, key: str, message: str) -> None:
+def _once(level: int, key: Hashable, message: str | Callable[[], str]) -> None:
     if torch.compiler.is_compiling() or (level, key) in _said:
         return
     _said.add((level, key))
-    logger.log(level, message)
+    logger.log(level, message() if callable(message) else message)

@@ -299,9 +299,11 @@ def in_high_precision(x, weight, recipe, lowering: Lowering) -> bool:
         return False
     small_layer = not _small_shapes.layer_may_pay(k, n)
     _log.info_once(  # once per layer and reason, whatever M (sequence lengths vary)
-        f"{lowering.name} small shapes {'layer' if small_layer else 'call'}",
-        f"{lowering.name}: {recipe.name} runs in high precision "
-        f"({_small_shapes.describe(tokens, k, n)}); small_shapes='quantize' forces fp8",
+        (lowering.name, "small shapes", small_layer),
+        lambda: (
+            f"{lowering.name}: {recipe.name} runs in high precision "
+            f"({_small_shapes.describe(tokens, k, n)}); small_shapes='quantize' forces fp8"
+        ),
     )
     return True
 

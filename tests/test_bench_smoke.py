@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
 
-from bench import linear_step, run
+from bench import _timing, linear_step, run
 
 # The form bench/results/h200.json is committed in (issue 7).
 SUMMARY_KEYS = {
@@ -82,14 +82,14 @@ def test_merge_gives_the_same_summary(small_run, tmp_path):
 
 
 def test_a_failing_item_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
-    real = linear_step.measure
+    real = linear_step.make_layer
 
-    def measure(impl, recipe, *args):
+    def make_layer(impl, recipe, weight):
         if impl == "lowp":
             raise RuntimeError("planted")
-        return real(impl, recipe, *args)
+        return real(impl, recipe, weight)
 
-    monkeypatch.setattr(linear_step, "measure", measure)
+    monkeypatch.setattr(linear_step, "make_layer", make_layer)
     result = run.main(
         [
             "--small",
@@ -142,3 +142,31 @@ def test_jax_section(tmp_path):
     assert [r["impl"] for r in jax_rows] == ["bf16", "flax_fp8", "lowp"]
     speedups = result["summary"]["jax_dense_fwd_bwd_speedup_vs_bf16"]
     assert set(speedups) == {"flax_fp8", "float8_tensorwise"}
+
+
+def test_interleaved_timing_rotates_the_variants_through_each_round():
+    """Each callable: its warm-up (iterations fixed: no sizing call), then one repeat a round,
+    the round's first callable rotating; one Measured each, in the given order."""
+    calls = []
+    fns = [lambda name=name: calls.append(name) for name in "abc"]
+    timing = _timing.Timing(warmup=2, repeats=3, iters=4)
+    measured = _timing.time_interleaved(fns, lambda: None, timing)
+    assert [m.iters for m in measured] == [4, 4, 4]
+    assert all(m.ms >= 0 and m.warmup_s >= 0 for m in measured)
+    warm, timed = calls[:6], calls[6:]
+    assert warm == ["a", "a", "b", "b", "c", "c"]
+    rounds = [timed[i : i + 12] for i in range(0, 36, 12)]
+    assert [r[::4] for r in rounds] == [list("abc"), list("bca"), list("cab")]
+    assert all(r == [x for x in r[::4] for _ in range(4)] for r in rounds)
+
+
+def test_the_sweep_times_bf16_and_the_recipes_together(small_run):
+    """Every sweep row names the variants it was timed beside (one item per shape)."""
+    out, _ = small_run
+    sweep = json.loads((out / "run.json").read_text())["sections"]["sweep"]["rows"]
+    for row in sweep:
+        others = {
+            (r["impl"], r["recipe"]) for r in sweep if (r["M"], r["K"]) == (row["M"], row["K"])
+        }
+        others.discard((row["impl"], row["recipe"]))
+        assert sorted(row["timed_with"]) == sorted(f"{i} {r}" for i, r in others)
