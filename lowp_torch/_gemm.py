@@ -26,6 +26,7 @@ and "auto" emulates and logs a WARNING once per layer: the layer stays quantized
 the same numerics (within spec §7's GEMM bound), only slower, and says so.
 """
 
+import functools
 import math
 
 import torch
@@ -387,6 +388,13 @@ def _block_scaled_mm(a, b, form: str, out_dtype, bias):
 @torch.compiler.assume_constant_result
 def _cuda_capability(index: int | None) -> tuple[int, int]:
     # A constant to torch.compile: the device does not change under a compiled model.
+    return _capability_of(torch.cuda.current_device() if index is None else index)
+
+
+@functools.cache
+def _capability_of(index: int) -> tuple[int, int]:
+    """Asked on every call of a training layer (`_training.fp8_kernels_run`): one query
+    a device, not microseconds of `get_device_capability` per call."""
     return torch.cuda.get_device_capability(index)
 
 
