@@ -92,8 +92,8 @@ def dot_general(
         forward GEMMs do; `lax.Precision.HIGHEST` asks for the exact one.
       preferred_element_type: the output dtype; default the promotion of the operands'
         high-precision dtypes (a QArray counts as its `hp_dtype`).
-      config: the `lowp.InferenceConfig` whose schemes quantize high-precision
-        operands; needed only when one is given.
+      config: the `lowp.InferenceConfig` (or its preset name, "float8_rowwise" say)
+        whose schemes quantize high-precision operands; needed only when one is given.
       impl: "auto" (the default: off the GPU "emulated"; on a GPU the first of "fp8",
         "scaled_matmul", "dequantize" that can run, the choice and the reasons for
         skipping the others logged at DEBUG on the "lowp_jax" logger), or one of those
@@ -168,8 +168,10 @@ def _prepare(lhs, rhs, dimension_numbers, precision, preferred_element_type, con
     """Check everything, bring both operands to (..., K) and (N, K), build the plan."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if isinstance(config, str):
+        config = lowp.InferenceConfig.from_name(config)
     if config is not None and not isinstance(config, lowp.InferenceConfig):
-        raise TypeError(f"config must be a lowp.InferenceConfig, got {config!r}")
+        raise TypeError(f"config must be a lowp.InferenceConfig or a preset name, got {config!r}")
     lc, rc = _operands.contracting_dims(
         dimension_numbers, _operands.shape_of(lhs), _operands.shape_of(rhs)
     )

@@ -25,6 +25,7 @@ def fake_quantize(
     >>> jax.grad(f)(jnp.array([0.3, -2.0])).tolist()
     [1.0, 1.0]
     """
+    _quantize.check_input(x, "input")  # before custom_jvp, which would make float64 float32
     random = _quantize.random_for(jax.numpy.shape(x), rounding, random_bits, seed, offset, "input")
     return _straight_through(scheme, rounding, x, random)
 

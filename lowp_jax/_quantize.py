@@ -38,7 +38,14 @@ _ONE_SIXTH = np.float32(1) / np.float32(6)  # RN32(1/6), rounded once on the hos
 
 def _hp_input(x, name: str) -> tuple[jax.Array, str]:
     """An accepted input as a JAX array, and its dtype name; TypeError for the rest (§0.1)."""
-    if not isinstance(x, (jax.Array, np.ndarray)):
+    hp_dtype = check_input(x, name)
+    return lax.stop_gradient(jnp.asarray(x)), hp_dtype
+
+
+def check_input(x, name: str) -> str:
+    """The dtype name of an accepted input (a JAX or NumPy array or NumPy scalar of
+    float32, bfloat16 or float16); TypeError naming what else it is (spec §0.1)."""
+    if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
         raise TypeError(
             f"{name}: lowp_jax.quantize takes a JAX or NumPy array, got {type(x).__name__}"
         )
@@ -50,7 +57,7 @@ def _hp_input(x, name: str) -> tuple[jax.Array, str]:
     hp_dtype = _dtypes.dtype_name(x.dtype)
     if hp_dtype is None:
         raise TypeError(f"{name}: input dtype {x.dtype} is not float32, bfloat16 or float16")
-    return lax.stop_gradient(jnp.asarray(x)), hp_dtype
+    return hp_dtype
 
 
 def _is_zero_int(value) -> bool:

@@ -35,13 +35,14 @@ def as_uint32(value, field: str) -> jnp.ndarray:
 def random_bits(seed, shape, offset=0) -> jax.Array:
     """One uint32 per element of `shape`, a hash of its flat C-order index (spec §4).
 
-    Bit-identical to `lowp.random_bits(seed, shape, offset)`. `seed` and `offset` may be
-    Python ints (any size, taken mod 2**32) or integer scalar arrays, traced or not.
+    Bit-identical to `lowp.random_bits(seed, shape, offset)`. `shape` is a tuple or, for
+    one dimension, an int. `seed` and `offset` may be Python ints (any size, taken mod
+    2**32) or integer scalar arrays, traced or not.
 
     >>> random_bits(0, (3,)).tolist()
     [0, 1684164658, 3653269916]
     """
-    shape = tuple(int(n) for n in shape)
+    shape = tuple(int(n) for n in np.atleast_1d(shape)) if np.ndim(shape) else (int(shape),)
     seed = as_uint32(seed, "seed")
     offset = as_uint32(offset, "offset")
     x = jnp.arange(math.prod(shape), dtype=jnp.uint32) + offset

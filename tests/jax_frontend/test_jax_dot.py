@@ -60,6 +60,15 @@ def test_every_impl_against_the_float64_product(preset, rank, hp_dtype):
             assert excess.max() <= 0, f"{impl}: exceeds the bound by {excess.max()}"
 
 
+def test_a_preset_name_is_a_config():
+    x, w = C.operands(C.SHAPES[2])
+    by_name = lowp_jax.dot_general(x, w, DIMS[2], config="mxfp8")
+    by_config = lowp_jax.dot_general(x, w, DIMS[2], config=lowp.InferenceConfig.from_name("mxfp8"))
+    np.testing.assert_array_equal(np.asarray(by_name), np.asarray(by_config))
+    with pytest.raises(ValueError, match="unknown inference preset 'mxfp9'"):
+        lowp_jax.dot_general(x, w, DIMS[2], config="mxfp9")
+
+
 @pytest.mark.parametrize("preset", ["float8_rowwise", "mxfp8", "nvfp4"])
 def test_layouts_give_the_same_product(preset):
     """(N, K) and flax's (K, N) weight, lhs contracted along another axis than the last,

@@ -6,6 +6,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from jax.experimental import checkify
@@ -266,6 +267,17 @@ def test_check_finite_under_jit_goes_through_checkify():
 def test_bad_input_types(x, match):
     with pytest.raises(TypeError, match=match):
         lowp_jax.quantize(x, lowp.TensorScaling())
+    with pytest.raises(TypeError, match=match):  # checked before its custom_jvp casts x
+        lowp_jax.fake_quantize(x, lowp.TensorScaling())
+
+
+def test_numpy_scalars_and_int_shapes_are_taken_as_lowp_takes_them():
+    scheme = lowp.TensorScaling()
+    for x in (np.float32(3.0), np.float16(-0.5), ml_dtypes.bfloat16(2.0)):
+        got = lowp_jax.to_lowp(lowp_jax.quantize(x, scheme))
+        want = lowp.quantize(x, scheme)
+        assert got.codes.tobytes() == want.codes.tobytes() and got.shape == want.shape == ()
+    np.testing.assert_array_equal(np.asarray(lowp_jax.random_bits(7, 5)), lowp.random_bits(7, 5))
 
 
 @pytest.mark.parametrize(
