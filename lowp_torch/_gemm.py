@@ -103,13 +103,15 @@ def scaled_matmul(
         raise ValueError(f"{name}: kernel must be one of {_config.KERNELS}, got {kernel!r}")
 
     if kernel == "emulated":
-        y = torch.matmul(
-            _quantize.dequantize(a, torch.float32),
-            _quantize.dequantize(b, torch.float32).transpose(-1, -2),
-        )
-        if bias is not None:
-            y = y + bias.to(torch.float32)
-        return y.to(out_dtype)
+        # In float32 under autocast too, which would lower the matmul to its dtype.
+        with torch.autocast(a.device.type, enabled=False):
+            y = torch.matmul(
+                _quantize.dequantize(a, torch.float32),
+                _quantize.dequantize(b, torch.float32).transpose(-1, -2),
+            )
+            if bias is not None:
+                y = y + bias.to(torch.float32)
+            return y.to(out_dtype)
     elif kernel == "scaled_mm" and form in ("mx", "nvfp4"):
         return _block_scaled_mm(a, b, form, out_dtype, bias)
     elif kernel == "scaled_mm":

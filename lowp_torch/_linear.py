@@ -13,6 +13,13 @@ and dispatches the GEMM to `scaled_matmul`, inline:
 The input is quantized as a 2-D (M, K) matrix: for every preset's activation scheme
 (tensor, per-row, 1x128 blocks, MX and NVFP4 along K) that gives the bytes quantizing
 the (..., K) tensor would, and it is the shape the GEMM kernels take.
+
+Gradients: the quantized weight gets none (its codes are not parameters). An input
+that requires grad gets the straight-through one, `dx = dy @ dequantize(w)` (the
+quantization taken as the identity, as `lowp_jax.dot_general` does), so layers before
+a quantized one (an unquantized first layer, adapters) still train; the bias gets its
+own. Under autocast the input is cast to the autocast dtype (as `F.linear` computes in
+it), which is then the output's, and the GEMM itself runs as it would without autocast.
 """
 
 import torch
@@ -41,17 +48,34 @@ def _linear(x, w, bias):
         return F.linear(_quantize.dequantize(x, w.dtype), w, bias)
     config = _qtensor.linear_of(w)
     if isinstance(x, QuantizedTensor):
-        a = x
-    elif config is None or config.activation is None:  # weight-only quantization
+        return _gemm_of(x, w, bias, config)
+    if config is None or config.activation is None:  # weight-only quantization
         if w.dim() == 2:
             return F.linear(x, _quantize.dequantize(w, x.dtype), bias)
         y = torch.matmul(x, _quantize.dequantize(w, x.dtype).transpose(-1, -2))
         return y if bias is None else y + bias
-    else:
-        k = x.shape[-1]
-        rows = x.reshape(-1, k) if w.dim() == 2 else x
-        a = _quantize.quantize(rows, config.activation, name=f"{config.name} input")
-    out_dtype = x.hp_dtype if isinstance(x, QuantizedTensor) else x.dtype
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        x = x.to(torch.get_autocast_dtype(device_type))
+    with torch.autocast(device_type, enabled=False):
+        if torch.is_grad_enabled() and (
+            x.requires_grad or (bias is not None and bias.requires_grad)
+        ):
+            return _StraightThrough.apply(x, bias, w, config)
+        return _quantized_input(x, w, bias, config)
+
+
+def _quantized_input(x, w, bias, config):
+    """The GEMM of a plain input quantized with `config.activation`."""
+    k = x.shape[-1]
+    rows = x.reshape(-1, k) if w.dim() == 2 else x
+    a = _quantize.quantize(rows, config.activation, name=f"{config.name} input")
+    return _gemm_of(a, w, bias, config, out_shape=tuple(x.shape[:-1]) + (w.shape[-2],))
+
+
+def _gemm_of(a, w, bias, config, out_shape=None):
+    """scaled_matmul of a quantized input `a` and weight `w`, as the config asks."""
+    out_dtype = a.hp_dtype
     y = _gemm.scaled_matmul(
         a
         if w.dim() == 3 or a.dim() == 2
@@ -64,7 +88,31 @@ def _linear(x, w, bias):
         pad_to_16=False if config is None else config.pad_to_16,
         name="linear" if config is None else config.name,
     )
-    return y if w.dim() == 3 else y.reshape(tuple(x.shape[:-1]) + (w.shape[0],))
+    if w.dim() == 3:
+        return y
+    return y.reshape(out_shape or tuple(a.shape[:-1]) + (w.shape[0],))
+
+
+class _StraightThrough(torch.autograd.Function):
+    """The quantized-input GEMM with the straight-through input gradient (module
+    docstring): dx = dy @ dequantize(w) in x's dtype, dbias = dy summed over rows."""
+
+    @staticmethod
+    def forward(ctx, x, bias, w, config):
+        ctx.w, ctx.x_dtype = w, x.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return _quantized_input(x, w, bias, config)
+
+    @staticmethod
+    def backward(ctx, dy):
+        w = ctx.w
+        dx = db = None
+        if ctx.needs_input_grad[0]:
+            deq = _quantize.dequantize(w, ctx.x_dtype)
+            dx = torch.matmul(dy.to(ctx.x_dtype), deq)  # (.., N) @ (N, K), or batched
+        if ctx.bias_dtype is not None and ctx.needs_input_grad[1]:
+            db = dy.reshape(-1, dy.shape[-1]).sum(0, dtype=torch.float32).to(ctx.bias_dtype)
+        return dx, db, None, None
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -66,6 +66,45 @@ def test_compiled_model_matches_eager(preset):
     assert torch.allclose(compiled, eager, rtol=1e-5, atol=1e-5), (compiled - eager).abs().max()
 
 
+@pytest.mark.parametrize("preset", ["float8_rowwise", "mxfp8", "nvfp4", "float8_weight_only"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_gradients_reach_the_input_and_the_layers_before(preset, compiled):
+    """The quantized weight takes no gradient; the input gets the straight-through one,
+    dy @ dequantize(w), so an unquantized layer before a quantized one still trains, and
+    the bias gets dy summed, with or without an activation scheme and under compile."""
+    torch.manual_seed(0)
+    first, second = nn.Linear(64, 64), nn.Linear(64, 32)
+    model = nn.Sequential(first, second)
+    lowp_torch.quantize_(model, preset, filter_fn=lambda module, name: module is second)
+    x = torch.randn(2, 8, 64, requires_grad=True)
+    dy = torch.randn(2, 8, 32)
+    run = torch.compile(model, fullgraph=True) if compiled else model
+    run(x).backward(dy)
+    w = lowp_torch.dequantize(second.weight, torch.float32)
+    assert torch.allclose(second.bias.grad, dy.sum((0, 1)), rtol=1e-5, atol=1e-5)
+    d_hidden = dy @ w
+    assert torch.allclose(x.grad, d_hidden @ first.weight.detach(), rtol=1e-4, atol=1e-5)
+    want_dw = d_hidden.reshape(-1, 64).T @ x.detach().reshape(-1, 64)
+    assert torch.allclose(first.weight.grad, want_dw, rtol=1e-4, atol=1e-4)
+
+
+def test_under_autocast_the_input_takes_the_autocast_dtype_and_the_gemm_stays_exact():
+    """As F.linear under autocast: the input is cast to bfloat16, which the output then
+    has; the emulated GEMM itself stays float32 (autocast would lower its matmul)."""
+    torch.manual_seed(0)
+    model = lowp_torch.quantize_(nn.Linear(256, 64), "float8_rowwise")
+    x = torch.randn(8, 256)
+    with torch.no_grad():
+        want = model(x.bfloat16())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = model(x)
+            qx = lowp_torch.quantize(x, lowp.AxisScaling())
+            direct = lowp_torch.scaled_matmul(qx, model.weight, kernel="emulated")
+        plain = lowp_torch.scaled_matmul(qx, model.weight, kernel="emulated")
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    assert direct.dtype == torch.float32 and torch.equal(direct, plain)
+
+
 def test_weight_only_multiplies_by_the_dequantized_weight():
     model = lowp_torch.quantize_(_model(), "float8_weight_only")
     x = _input(INPUT_SHAPES["rank2"])
