@@ -111,6 +111,7 @@ def quantize_(
         seen.add(id(module))
         if filter_fn is not None and not filter_fn(module, name):
             continue
+        _refuse_training_layer(module, name, "quantize_")
         weight_name = f"{name}.weight" if name else "weight"
         linear = _config.LinearConfig(
             activation=config.activation,
@@ -125,6 +126,17 @@ def quantize_(
     for module, weight in quantized:
         module.weight = nn.Parameter(weight, requires_grad=False)
     return model
+
+
+def _refuse_training_layer(module: nn.Module, name: str, caller: str) -> None:
+    """A lowp_torch.Linear (an nn.Linear too) runs its recipe on a float weight: an
+    inference weight put into it would fail at its first call, naming neither."""
+    if isinstance(module, _training_linear.Linear):
+        raise TypeError(
+            f"{caller}: layer {name or '(the model)'!r} is a lowp_torch.Linear converted for "
+            "training; turn the model into its inference form with lowp_torch.to_inference "
+            "(which quantizes it) first"
+        )
 
 
 def _quantize_weight(module: nn.Linear, config, linear) -> _qtensor.QuantizedTensor:
@@ -181,7 +193,6 @@ def load_quantized(
     kernel: str = "auto",
     fast_accum: bool = True,
     strict: bool = False,
-    small_shapes: str | None = None,
 ) -> nn.Module:
     """Load a file from `save_quantized` into `model` (float or already quantized), in place.
 
@@ -234,6 +245,12 @@ def load_quantized(
                 raise ValueError(
                     f"load_quantized: {path}: QTensor {name!r} is not an nn.Linear weight"
                 )
+            _refuse_training_layer(module, module_name, "load_quantized")
+            if target.device.type == "meta":
+                raise ValueError(
+                    f"load_quantized: {name!r} is on the meta device, where nothing can be "
+                    "loaded; build the model on a real device (or to_empty it) first"
+                )
             if tuple(value.shape) != tuple(target.shape):
                 raise ValueError(
                     f"load_quantized: {name!r} has shape {tuple(value.shape)} in the file, "
@@ -261,6 +278,11 @@ def load_quantized(
             if isinstance(target, _qtensor.QuantizedTensor):
                 raise TypeError(
                     f"load_quantized: {name!r} is a plain array in {path}, quantized in the model"
+                )
+            if target.device.type == "meta":
+                raise ValueError(
+                    f"load_quantized: {name!r} is on the meta device, where nothing can be "
+                    "loaded; build the model on a real device (or to_empty it) first"
                 )
             t = _from_numpy(value)
             if t.dtype != target.dtype or t.shape != target.shape:
@@ -323,7 +345,6 @@ def to_inference(
     kernel: str = "auto",
     fast_accum: bool = True,
     strict: bool = False,
-    small_shapes: str | None = None,
 ) -> nn.Module:
     """Turn a model converted for training back into `quantize_`'s inference form, in place.
 

@@ -232,8 +232,9 @@ class QuantizedTensor(torch.Tensor):
         if func in (aten.detach.default, aten.alias.default):
             out = replace(q, codes=q.codes.detach(), scale=q.scale.detach())
             return return_and_correct_aliasing(func, args, kwargs, out)
-        elif func is aten.clone.default:
-            return _tensor_ops.map_parts(q, torch.clone)
+        elif func is aten.clone.default:  # .contiguous() is a clone with a memory_format
+            memory_format = (kwargs or {}).get("memory_format", torch.preserve_format)
+            return _tensor_ops.map_parts(q, lambda t: torch.clone(t, memory_format=memory_format))
         elif func is aten._to_copy.default:
             return _tensor_ops.to_copy(q, **kwargs)
         elif func is aten.copy_.default:

@@ -45,6 +45,8 @@ def _hp_input(t, name: str) -> torch.Tensor:
             f"{name}: lowp_torch.quantize takes a torch.Tensor, got {type(t).__name__}; "
             "use lowp.quantize for numpy arrays"
         )
+    if isinstance(t, _qtensor.QuantizedTensor):
+        raise TypeError(f"{name}: already quantized ({t.scheme}); dequantize() it first")
     if t.dtype == torch.float64:
         raise TypeError(
             f"{name}: float64 input is refused (float64 -> float32 -> float8 rounds twice); "

@@ -78,6 +78,8 @@ def test_gradients_reach_the_input_and_the_layers_before(preset, compiled):
     lowp_torch.quantize_(model, preset, filter_fn=lambda module, name: module is second)
     x = torch.randn(2, 8, 64, requires_grad=True)
     dy = torch.randn(2, 8, 32)
+    if compiled:
+        torch._dynamo.reset()  # nn.Linear.forward recompiles per model: stay under the limit
     run = torch.compile(model, fullgraph=True) if compiled else model
     run(x).backward(dy)
     w = lowp_torch.dequantize(second.weight, torch.float32)
@@ -285,3 +287,37 @@ def test_cuda_model_eager_and_compiled(preset):
     # codes can flip: on the H200 compiled vs eager measured 33-39 dB. The contract is
     # fidelity to the high-precision model, in both modes.
     assert sqnr_db(compiled, reference) >= MIN_SQNR[preset] - 3
+
+
+def test_a_model_converted_for_training_is_refused_naming_the_way_out(tmp_path):
+    """quantize_ / load_quantized into a lowp_torch.Linear (an nn.Linear too) would put an
+    inference weight into a training layer; both refuse, pointing to to_inference."""
+    path = tmp_path / "m.safetensors"
+    lowp_torch.save_quantized(lowp_torch.quantize_(nn.Sequential(nn.Linear(64, 32)), "mxfp8"), path)
+    for load in (
+        lambda m: lowp_torch.quantize_(m, "mxfp8"),
+        lambda m: lowp_torch.load_quantized(m, path),
+    ):
+        model = lowp_torch.convert_to_training(nn.Sequential(nn.Linear(64, 32)), "mxfp8")
+        with pytest.raises(TypeError, match="layer '0' is a lowp_torch.Linear.*to_inference"):
+            load(model)
+        assert not isinstance(model[0].weight, lowp_torch.QuantizedTensor)  # left as it was
+    q = lowp_torch.quantize(torch.randn(4, 32), lowp.MXScaling())
+    with pytest.raises(TypeError, match="already quantized.*dequantize"):
+        lowp_torch.quantize(q, lowp.MXScaling())
+
+
+def test_load_quantized_refuses_a_meta_model(tmp_path):
+    path = tmp_path / "m.safetensors"
+    lowp_torch.save_quantized(lowp_torch.quantize_(nn.Linear(64, 32), "float8_rowwise"), path)
+    with torch.device("meta"):
+        model = nn.Linear(64, 32)
+    with pytest.raises(ValueError, match="'(weight|bias)' is on the meta device"):
+        lowp_torch.load_quantized(model, path)
+
+
+def test_contiguous_of_a_transposed_quantized_tensor_is_contiguous():
+    q = lowp_torch.quantize(torch.randn(8, 64), lowp.AxisScaling())
+    c = q.t().contiguous()
+    assert c.is_contiguous() and c.codes.is_contiguous() and c.shape == (64, 8)
+    assert torch.equal(lowp_torch.dequantize(c), lowp_torch.dequantize(q).t())
