@@ -36,7 +36,10 @@ class QuantizedDotGeneral:
     precision if None). The kernel is either a high-precision flax kernel (in, out),
     transposed to (out, in) and quantized along `in` with `config.weight` at each call,
     or a QArray stored (out, in) (from `lowp_jax.quantize_params` or
-    `lowp_jax.load_quantized`), used as it is. `lowp_jax.dot_general` does the rest.
+    `lowp_jax.load_quantized`), used as it is. `lowp_jax.dot_general` does the rest. With
+    a high-precision kernel the product has the input's dtype (unless
+    `preferred_element_type` says otherwise): the layers keep a float32 master kernel
+    in its dtype under `dtype=bfloat16`, to quantize it once.
 
     Hashable and a static pytree node (no leaves), so it can sit in an nnx module or a
     linen module's fields and cross `jit` as part of the module's structure.
@@ -82,6 +85,11 @@ class QuantizedDotGeneral:
             # flax names the kernel's dims as (in, out); the QArray holds (out, in).
             (lhs_contract, _), batch = dimension_numbers
             dimension_numbers = ((lhs_contract, (1 - rhs_contract[0],)), batch)
+        elif preferred_element_type is None and not isinstance(lhs, _qarray.QArray):
+            # A kernel in another dtype than the input is a master weight the layer kept
+            # in its parameter dtype (`lowp_jax.nnx.master_weight_promote_dtype`): the
+            # product has the input's dtype, as flax's promoted dot would.
+            preferred_element_type = jnp.result_type(lhs)
         return _dot.dot_general(
             lhs,
             rhs,

@@ -84,10 +84,10 @@ class Dense(nn.Module):
         promoted_inputs, promoted_kernel, bias = promote_dtype(
             inputs, kernel, bias, dtype=self.dtype
         )
-        # Training quantizes the master weight in its parameter dtype (see
-        # lowp_jax.nnx.master_weight_promote_dtype); inference uses the promoted kernel.
+        # A high-precision kernel is quantized in its parameter dtype, the master weight
+        # itself (see lowp_jax.nnx.master_weight_promote_dtype); a QArray is promoted.
         inputs = promoted_inputs
-        kernel = kernel if self.recipe is not None else promoted_kernel
+        kernel = promoted_kernel if isinstance(kernel, _qarray.QArray) else kernel
         dot = _training.layer_dot_general(self.config, self.recipe, self.impl, self.small_shapes)
         y = dot(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)
         if bias is not None:

@@ -59,9 +59,7 @@ class Linear(nnx.Linear):
         small_shapes="auto",
         **kwargs,
     ):
-        kwargs.setdefault(
-            "promote_dtype", promote_dtype if recipe is None else master_weight_promote_dtype
-        )
+        kwargs.setdefault("promote_dtype", master_weight_promote_dtype)
         super().__init__(
             in_features,
             out_features,
@@ -71,13 +69,18 @@ class Linear(nnx.Linear):
 
 
 def master_weight_promote_dtype(args, /, *, dtype=None, inexact=True):
-    """The training layers' `promote_dtype`: the input and bias are cast as flax casts
-    them, the kernel stays in its parameter dtype. The recipe quantizes the master
-    weight itself (one rounding, not a cast to `dtype` and then another), as
-    `lowp_torch.Linear` does under autocast, so both frameworks quantize the same tensor
-    to the same bytes; the weight gradient comes back in the parameter dtype."""
-    inputs, _, bias = promote_dtype(args, dtype=dtype, inexact=inexact)
-    return inputs, args[1], bias
+    """`Linear`'s `promote_dtype`: the input and bias are cast as flax casts them; a
+    high-precision kernel stays in its parameter dtype, a QArray kernel's `hp_dtype`
+    follows the promotion (`promote_dtype`).
+
+    The recipe, or the inference config at each call, quantizes the master weight
+    itself (one rounding, not a cast to `dtype` and then another): the bytes
+    `lowp_jax.quantize_params` and lowp_torch give the same weight, so a layer's output
+    does not change when its kernel is quantized ahead. The product takes the input's
+    dtype (`QuantizedDotGeneral`, `training_dot_general`); a weight gradient comes back
+    in the parameter dtype."""
+    inputs, kernel, bias = promote_dtype(args, dtype=dtype, inexact=inexact)
+    return inputs, kernel if isinstance(args[1], _qarray.QArray) else args[1], bias
 
 
 def quantize_model(model: nnx.Module, config, filter_fn=None, *, impl: str = "auto"):

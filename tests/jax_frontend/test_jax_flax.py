@@ -69,6 +69,28 @@ def test_bfloat16_compute_and_jit():
     assert C.sqnr_db(y, layer(x.astype(jnp.bfloat16))) >= 40
 
 
+@pytest.mark.parametrize("preset", ["float8_rowwise", "mxfp8"])
+def test_bfloat16_compute_quantizes_the_float32_kernel_per_call_as_ahead(preset):
+    """dtype=bfloat16 over float32 parameters: quantizing at each call takes the float32
+    kernel itself, as quantize_params (and lowp_torch) do, so the layer's output is the
+    same bytes before and after its kernel is quantized ahead, and bfloat16."""
+    x, _ = C.operands(C.SHAPES[2])
+    x = x.astype(jnp.bfloat16)
+    layer = lowp_jax.nnx.Linear(C.K, C.N, config=preset, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    per_call = layer(x)
+    nnx.update(layer, lowp_jax.quantize_params(nnx.state(layer), preset))
+    ahead = layer(x)
+    assert per_call.dtype == ahead.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(per_call, np.float32), np.asarray(ahead, np.float32))
+
+    dense = lowp_jax.linen.Dense(C.N, config=preset, dtype=jnp.bfloat16)
+    params = dense.init(jax.random.key(0), x)
+    per_call = dense.apply(params, x)
+    ahead = dense.apply(lowp_jax.quantize_params(params, preset), x)
+    assert per_call.dtype == ahead.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(per_call, np.float32), np.asarray(ahead, np.float32))
+
+
 @pytest.mark.parametrize("preset", C.PRESETS)
 def test_linen_dense_with_dot_general_cls_and_quantized_params(preset):
     x, w = C.operands(C.SHAPES[3])
