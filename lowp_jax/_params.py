@@ -262,6 +262,11 @@ def _name(leaf_path: tuple, names) -> str:
 def _numpy(value, name: str) -> np.ndarray:
     if not hasattr(value, "dtype") or not hasattr(value, "shape"):
         raise TypeError(f"save_quantized: {name} is {type(value).__name__}, not an array")
+    if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+        raise TypeError(
+            f"save_quantized: {name} is a PRNG key ({value.dtype}), which a lowp file does "
+            "not hold; save the parameters only, e.g. nnx.state(model, nnx.Param)"
+        )
     return np.asarray(jax.device_get(value))
 
 

@@ -86,9 +86,10 @@ def master_weight_promote_dtype(args, /, *, dtype=None, inexact=True):
 def quantize_model(model: nnx.Module, config, filter_fn=None, *, impl: str = "auto"):
     """A copy of `model` whose `nnx.Linear` layers run the quantized dot on QArray kernels.
 
-    The kernels are quantized by `lowp_jax.quantize_params` (with `filter_fn`); each
-    `nnx.Linear` whose kernel it quantized gets `dot_general=QuantizedDotGeneral(config,
-    impl)` and the QArray-aware `promote_dtype`. The model passed in is not changed
+    The kernels of its `nnx.Linear` layers are quantized by `lowp_jax.quantize_params`
+    (with `filter_fn`); each `nnx.Linear` whose kernel it quantized gets
+    `dot_general=QuantizedDotGeneral(config, impl)` and the QArray-aware `promote_dtype`.
+    Other layers with a rank-2 kernel (`nnx.LinearGeneral`, `nnx.Einsum`) keep theirs. The model passed in is not changed
     (the copy shares its other arrays).
 
     Args:
@@ -99,7 +100,16 @@ def quantize_model(model: nnx.Module, config, filter_fn=None, *, impl: str = "au
     """
     config = _quantized_dot.as_config(config)
     graphdef, state = nnx.split(model)
-    quantized = nnx.merge(graphdef, _params.quantize_params(state, config, filter_fn))
+    linears = {path for path, node in nnx.iter_graph(model) if isinstance(node, nnx.Linear)}
+
+    def chosen(path, kernel):
+        # Only nnx.Linear layers get the quantized dot: another layer's rank-2 kernel
+        # (nnx.LinearGeneral, nnx.Einsum) stays as it is, which it can still use.
+        return tuple(path[:-1]) in linears and (filter_fn is None or filter_fn(path, kernel))
+
+    if filter_fn is not None and not callable(filter_fn):
+        raise TypeError(f"filter_fn must be callable(path, kernel) -> bool, got {filter_fn!r}")
+    quantized = nnx.merge(graphdef, _params.quantize_params(state, config, chosen))
     dot = _quantized_dot.QuantizedDotGeneral(config, impl)
     for _, node in nnx.iter_graph(quantized):
         if isinstance(node, nnx.Linear) and isinstance(node.kernel[...], _qarray.QArray):

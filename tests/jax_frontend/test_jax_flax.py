@@ -288,3 +288,35 @@ def test_a_file_written_elsewhere_loads_under_its_names(tmp_path):
         np.asarray(kernel.dequantize()), lowp.dequantize(tensors["up.weight"])
     )
     assert C.sqnr_db(qmodel(x), model(x)) >= C.LAYER_SQNR_DB["nvfp4"] - 3
+
+
+def test_quantize_model_converts_only_linear_layers():
+    """A rank-2 kernel of another layer (nnx.LinearGeneral) stays high precision: only
+    nnx.Linear layers get the quantized dot that can use a QArray (out, in)."""
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.proj = nnx.LinearGeneral(64, 32, rngs=rngs)
+            self.fc = nnx.Linear(32, 16, rngs=rngs)
+
+        def __call__(self, x):
+            return self.fc(self.proj(x))
+
+    model = Model(nnx.Rngs(0))
+    quantized = lowp_jax.nnx.quantize_model(model, "float8_rowwise")
+    assert not isinstance(quantized.proj.kernel[...], lowp_jax.QArray)
+    assert isinstance(quantized.fc.kernel[...], lowp_jax.QArray)
+    assert quantized(jnp.ones((2, 64))).shape == (2, 16)
+
+
+def test_save_quantized_names_a_prng_key_it_cannot_hold(tmp_path):
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.fc = nnx.Linear(64, 32, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs)
+
+    model = lowp_jax.to_inference(Model(nnx.Rngs(0)), "float8_rowwise")
+    path = tmp_path / "m.safetensors"
+    with pytest.raises(TypeError, match=r"drop\.rngs\.key is a PRNG key.*nnx\.Param"):
+        lowp_jax.save_quantized(nnx.state(model), path, config="float8_rowwise")
+    lowp_jax.save_quantized(nnx.state(model, nnx.Param), path, config="float8_rowwise")
