@@ -61,6 +61,7 @@ class _Plan:
     rhs_scheme: lowp.Scheme | None
     precision: object
     out_dtype: np.dtype
+    out_sharding: object = None  # of the 2-D product, as lax.dot_general's (training GEMMs)
 
 
 def dot_general(
@@ -72,6 +73,7 @@ def dot_general(
     *,
     config: lowp.InferenceConfig | None = None,
     impl: str = "auto",
+    out_sharding=None,
 ) -> jax.Array:
     """`lax.dot_general` with quantized operands: the product of `lhs` (..., K) and a
     rank-2 weight `rhs`, contracting one axis of each.
@@ -98,6 +100,8 @@ def dot_general(
         "scaled_matmul", "dequantize" that can run, the choice and the reasons for
         skipping the others logged at DEBUG on the "lowp_jax" logger), or one of those
         names to force it (ValueError saying why, if it cannot run these operands).
+      out_sharding: the product's sharding, as for `lax.dot_general` (under a mesh with
+        Explicit axes, where a sharded contracting dim needs it); a rank-2 lhs only.
 
     Returns:
       The lhs free dims followed by N, as `lax.dot_general`, in the output dtype.
@@ -118,6 +122,12 @@ def dot_general(
     a, b, plan = _prepare(
         lhs, rhs, dimension_numbers, precision, preferred_element_type, config, impl
     )
+    if out_sharding is not None:
+        if a.ndim != 2:
+            raise NotImplementedError(
+                f"dot_general: out_sharding is taken for a rank-2 lhs, got shape {a.shape}"
+            )
+        plan = dataclasses.replace(plan, out_sharding=out_sharding)
     return _dot(a, b, plan)
 
 
@@ -306,14 +316,19 @@ def _forward(lhs, rhs, plan: _Plan):
     impl, reason = _choose(a, b, plan.impl)
     logger.debug(f"dot_general {_describe(a)} x {_describe(b)}: impl={impl!r} ({reason})")
     if impl == "fp8":
-        y = _fp8_dot(a, b, plan.precision)
+        y = _fp8_dot(a, b, plan.precision, plan.out_sharding)
     elif impl == "scaled_matmul":
         y = _block_scaled_dot(a, b)
     elif impl == "dequantize":
         compute = jnp.result_type(_operands.hp_dtype(a), _operands.hp_dtype(b))
-        y = _kdot(_values(a, compute), _values(b, compute), plan.precision)
+        y = _kdot(_values(a, compute), _values(b, compute), plan.precision, plan.out_sharding)
     elif impl == "emulated":
-        y = _kdot(_values(a, jnp.float32), _values(b, jnp.float32), lax.Precision.HIGHEST)
+        y = _kdot(
+            _values(a, jnp.float32),
+            _values(b, jnp.float32),
+            lax.Precision.HIGHEST,
+            plan.out_sharding,
+        )
     else:
         raise ValueError(f"unknown impl {impl!r}")
     return y.astype(plan.out_dtype), a, b
@@ -328,9 +343,13 @@ def _dot_jvp(plan: _Plan, primals, tangents):
     y, a, b = _forward(lhs, rhs, plan)
     dy = jnp.zeros(y.shape, plan.out_dtype)
     if _differentiated(lhs, dlhs):
-        dy = dy + _kdot(dlhs, _values(b, dlhs.dtype), plan.precision).astype(plan.out_dtype)
+        dy = dy + _kdot(dlhs, _values(b, dlhs.dtype), plan.precision, plan.out_sharding).astype(
+            plan.out_dtype
+        )
     if _differentiated(rhs, drhs):
-        dy = dy + _kdot(_values(a, drhs.dtype), drhs, plan.precision).astype(plan.out_dtype)
+        dy = dy + _kdot(_values(a, drhs.dtype), drhs, plan.precision, plan.out_sharding).astype(
+            plan.out_dtype
+        )
     return y, dy
 
 
@@ -343,7 +362,7 @@ def _differentiated(primal, tangent) -> bool:
     )
 
 
-def _kdot(a, b, precision) -> jax.Array:
+def _kdot(a, b, precision, out_sharding=None) -> jax.Array:
     """a (..., K) times b (N, K) contracting K, accumulated in float32."""
     return lax.dot_general(
         a,
@@ -351,6 +370,7 @@ def _kdot(a, b, precision) -> jax.Array:
         (((a.ndim - 1,), (1,)), ((), ())),
         precision=precision,
         preferred_element_type=jnp.float32,
+        out_sharding=out_sharding,
     )
 
 
@@ -361,7 +381,7 @@ def _values(x, dtype) -> jax.Array:
     return x.astype(dtype)
 
 
-def _fp8_dot(a: _qarray.QArray, b: _qarray.QArray, precision) -> jax.Array:
+def _fp8_dot(a: _qarray.QArray, b: _qarray.QArray, precision, out_sharding=None) -> jax.Array:
     """fp8 codes into one 2-D dot accumulating in float32, then the decode scales (spec
     §3.1 `d`); the caller rounds to the output dtype.
 
@@ -384,7 +404,7 @@ def _fp8_dot(a: _qarray.QArray, b: _qarray.QArray, precision) -> jax.Array:
     Triton GEMM fusion takes the dot first and runs it in float32, 4x slower.
     """
     lead, k = a.shape[:-1], a.shape[-1]
-    acc = _kdot(a.codes.reshape(-1, k), b.codes, precision)
+    acc = _kdot(a.codes.reshape(-1, k), b.codes, precision, out_sharding)
     row = a.scale.reshape(-1, 1) if isinstance(a.scheme, lowp.AxisScaling) else a.scale
     col = b.scale.reshape(1, -1) if isinstance(b.scheme, lowp.AxisScaling) else b.scale
     return (acc * (row * col)).reshape(lead + (b.shape[0],))

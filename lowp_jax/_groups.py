@@ -38,11 +38,16 @@ def expand(g: jnp.ndarray, scheme: lowp.Scheme, shape: tuple[int, ...]) -> jnp.n
     """Each element's group value: `g` (plain scale shape) broadcast to `shape`."""
     if isinstance(scheme, (lowp.TensorScaling, lowp.AxisScaling)):
         return jnp.broadcast_to(g, shape)
+    # Broadcasts and reshapes, not jnp.repeat: under a mesh with Explicit axes
+    # (jax.make_mesh's default) repeat asks for an out_sharding, these carry the input's.
     if isinstance(scheme, lowp.BlockScaling):
         b0, b1 = scheme.block
-        full = jnp.repeat(jnp.repeat(g, b0, axis=-2), b1, axis=-1)
+        lead, (tiles_r, tiles_c) = g.shape[:-2], g.shape[-2:]
+        tiled = jnp.broadcast_to(g[..., :, None, :, None], lead + (tiles_r, b0, tiles_c, b1))
+        full = tiled.reshape(lead + (tiles_r * b0, tiles_c * b1))
         return full[..., : shape[-2], : shape[-1]]
     if isinstance(scheme, (lowp.MXScaling, lowp.NVFP4Scaling)):
         ax = _schemes.normalize_axis(scheme.axis, len(shape), scheme)
-        return jnp.repeat(g, scheme.block, axis=ax)
+        split = shape[:ax] + (shape[ax] // scheme.block, scheme.block) + shape[ax + 1 :]
+        return jnp.broadcast_to(jnp.expand_dims(g, ax + 1), split).reshape(shape)
     raise TypeError(f"not a lowp scheme: {scheme!r}")

@@ -272,13 +272,29 @@ def _transposed(kept, scheme, name: str) -> _qarray.QArray:
 # --- the GEMMs ---------------------------------------------------------------------------
 
 
-def _gemm(operands, spec: lowp.GemmSpec, plan: _Plan, out_dtype) -> jax.Array:
-    """a @ b.T of quantized operands, with fast accumulation where the spec allows it."""
+def _gemm(operands, spec: lowp.GemmSpec, plan: _Plan, out_dtype, like=None) -> jax.Array:
+    """a @ b.T of quantized operands, with fast accumulation where the spec allows it;
+    `like`: the primal a backward GEMM's output is the cotangent of (`_sharding_like`)."""
     precision = lax.Precision.DEFAULT if spec.fast_accum else lax.Precision.HIGHEST
-    return _dot.dot_general(*operands, _A_BT, precision, out_dtype, impl=plan.impl)
+    return _dot.dot_general(
+        *operands, _A_BT, precision, out_dtype, impl=plan.impl, out_sharding=_sharding_like(like)
+    )
 
 
-def _hp_gemm(a, b, plan: _Plan, out_dtype) -> jax.Array:
+def _sharding_like(x):
+    """Under a mesh with Explicit axes (`jax.make_mesh`'s default), the sharding of `x`
+    (or of a QArray's codes): a cotangent has its primal's sharding, and a backward GEMM
+    contracting a sharded dim (wgrad over a data-parallel M) must be told it. Else None:
+    XLA's propagation decides, as for any dot."""
+    if x is None:
+        return None
+    mesh = jax.sharding.get_abstract_mesh()
+    if not any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+        return None
+    return jax.typeof(x.codes if isinstance(x, _qarray.QArray) else x).sharding
+
+
+def _hp_gemm(a, b, plan: _Plan, out_dtype, like=None) -> jax.Array:
     """a @ b.T in high precision, accumulated in float32 and rounded once."""
     compute = jnp.result_type(a, b)
     y = lax.dot_general(
@@ -287,6 +303,7 @@ def _hp_gemm(a, b, plan: _Plan, out_dtype) -> jax.Array:
         _A_BT,
         precision=plan.precision,
         preferred_element_type=jnp.float32,
+        out_sharding=_sharding_like(like),
     )
     return y.astype(out_dtype)
 
@@ -310,13 +327,13 @@ def _linear_bwd(plan: _Plan, kept, g):
     x_dtype, w_dtype = _operands.hp_dtype(x_kept), _operands.hp_dtype(w_kept)
     dgrad, wgrad = _backward_operands(g, x_kept, w_kept, plan.recipe)
     if dgrad is None:
-        dx = _hp_gemm(g, w_kept.T, plan, x_dtype)
+        dx = _hp_gemm(g, w_kept.T, plan, x_dtype, like=x_kept)
     else:
-        dx = _gemm(dgrad, plan.recipe.dgrad, plan, x_dtype)
+        dx = _gemm(dgrad, plan.recipe.dgrad, plan, x_dtype, like=x_kept)
     if wgrad is None:
-        dw = _hp_gemm(g.T, x_kept.T, plan, w_dtype)
+        dw = _hp_gemm(g.T, x_kept.T, plan, w_dtype, like=w_kept)
     else:
-        dw = _gemm(wgrad, plan.recipe.wgrad, plan, w_dtype)
+        dw = _gemm(wgrad, plan.recipe.wgrad, plan, w_dtype, like=w_kept)
     return dx, dw
 
 
@@ -339,7 +356,10 @@ def _high_precision_fwd(x, w, plan: _Plan):
 def _high_precision_bwd(plan: _Plan, kept, g):
     x, w = kept
     g = g.astype(x.dtype)
-    return _hp_gemm(g, w.astype(x.dtype).T, plan, x.dtype), _hp_gemm(g.T, x.T, plan, w.dtype)
+    return (
+        _hp_gemm(g, w.astype(x.dtype).T, plan, x.dtype, like=x),
+        _hp_gemm(g.T, x.T, plan, w.dtype, like=w),
+    )
 
 
 _high_precision_linear.defvjp(_high_precision_fwd, _high_precision_bwd)

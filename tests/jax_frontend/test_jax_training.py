@@ -326,6 +326,53 @@ def test_sharded_over_four_cpu_devices():
     assert "sharded ok" in stdout
 
 
+_EXPLICIT = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np, lowp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    import lowp_jax
+
+    mesh = jax.make_mesh((4,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((128, 64)).astype(np.float32)
+    kernel = (rng.standard_normal((64, 32)) / 8).astype(np.float32)
+    dims = (((1,), (0,)), ((), ()))
+    for recipe in ("float8_tensorwise", "float8_rowwise", "float8_rowwise_gw_hp", "mxfp8"):
+        loss = lambda x, k: jnp.sum(lowp_jax.training_dot_general(x, k, dims, recipe=recipe) ** 2)
+        grad = jax.value_and_grad(loss, argnums=(0, 1))
+        want = grad(jnp.asarray(x), jnp.asarray(kernel))
+        with jax.set_mesh(mesh):
+            xs = jax.device_put(x, NamedSharding(mesh, P("data", None)))
+            ks = jax.device_put(kernel, NamedSharding(mesh, P()))
+            got = jax.jit(grad)(xs, ks)
+            assert jax.typeof(got[1][0]).sharding.spec == P("data", None), recipe
+            assert jax.typeof(got[1][1]).sharding.spec == P(None, None), recipe
+        for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)
+    # Group scales expand by broadcasting, which keeps an Explicit sharding (jnp.repeat
+    # asks for one): blocks along a sharded axis (whole blocks a device), blocks of rows.
+    with jax.set_mesh(mesh):
+        for spec, scheme in (
+            (P(None, "data"), lowp.MXScaling(block=16)),
+            (P("data", None), lowp.BlockScaling(block=(1, 32))),
+        ):
+            xs = jax.device_put(x, NamedSharding(mesh, spec))
+            q = jax.jit(lambda a: lowp_jax.quantize(a, scheme))(xs)
+            assert lowp_jax.to_lowp(q).codes.tobytes() == lowp.quantize(x, scheme).codes.tobytes()
+    print("explicit ok")
+    """
+)
+
+
+def test_explicit_sharding_over_four_cpu_devices():
+    """Under a mesh with Explicit axes (jax.make_mesh's default), data parallel: the
+    wgrad contracts the sharded M, which XLA refuses unless told the output's sharding
+    (the kernel's); gradients come back sharded as their primals, equal to the
+    unsharded run's, and quantizing blocks along a sharded axis keeps the bytes."""
+    stdout = host_devices.run_on_four_cpu_devices(_EXPLICIT)
+    assert "explicit ok" in stdout
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_flax_nnx_and_linen(recipe):
     """`nnx.Linear(dot_general=TrainingDotGeneral)`, `lowp_jax.nnx.Linear(recipe=)`,
