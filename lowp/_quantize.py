@@ -258,13 +258,16 @@ def dequantize(q: _qtensor.QTensor, out_dtype: str | None = None) -> np.ndarray:
     # A finite input near FLT_MAX can dequantize to +-Inf where the scale rounded up
     # (pow2, MX ceil/rceil): IEEE rounding of the product, documented, not warned about.
     with np.errstate(over="ignore", invalid="ignore"):
+        # A stored float32 scale is an input of the product: flushed (spec §0.2), which
+        # matters only for a hand-made one (quantize's are >= EPS / max, normal).
         if isinstance(scheme, (_schemes.TensorScaling, _schemes.AxisScaling, _schemes.BlockScaling)):
+            scale = _bits.ftz(np.asarray(scale, np.float32))
             out = np.multiply(values, _groups.expand(scale, scheme, q.shape), dtype=np.float32)
         elif isinstance(scheme, _schemes.MXScaling):
             exponent = np.where(scale == 0xFF, 127, scale.astype(np.int64)) - 127
             out = _bits.mul_pow2(values, _groups.expand(exponent, scheme, q.shape))
         elif isinstance(scheme, _schemes.NVFP4Scaling):
-            s_dec = np.float32(1) if q.global_scale is None else q.global_scale
+            s_dec = np.float32(1) if q.global_scale is None else _bits.ftz(q.global_scale)
             p = _bits.ftz(np.multiply(_formats.decode(scale, _E4M3), s_dec, dtype=np.float32))
             out = np.multiply(values, _groups.expand(p, scheme, q.shape), dtype=np.float32)
         else:

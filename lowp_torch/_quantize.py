@@ -333,13 +333,14 @@ def dequantize(q: _qtensor.QuantizedTensor, out_dtype: torch.dtype | None = None
     scale = _plain_scale_bytes_or_float(q)
 
     if isinstance(scheme, (_schemes.TensorScaling, _schemes.AxisScaling, _schemes.BlockScaling)):
-        out = values * _groups.expand(scale, scheme, shape)
+        # the stored scale is an input of the product: flushed (spec §0.2; lowp's rule)
+        out = values * _groups.expand(_bits.ftz(scale), scheme, shape)
     elif isinstance(scheme, _schemes.MXScaling):
         s = scale.to(torch.int32)
         exponent = torch.where(s == 0xFF, 127, s) - 127
         out = _bits.mul_pow2(values, _groups.expand(exponent, scheme, shape))
     elif isinstance(scheme, _schemes.NVFP4Scaling):
-        s_dec = 1.0 if q.global_scale is None else q.global_scale
+        s_dec = 1.0 if q.global_scale is None else _bits.ftz(q.global_scale)
         p = _bits.ftz(_encode.decode(scale, _E4M3) * s_dec)
         out = values * _groups.expand(p, scheme, shape)
     else:
