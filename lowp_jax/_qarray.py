@@ -76,7 +76,11 @@ class QArray:
         `dequantize(q)` is a constant with respect to q's leaves, and `quantize(x)` stops
         the gradient of x. Gradients flow through the other inputs of a function that uses
         a dequantized value (e.g. a matmul with a high-precision operand). For the
-        straight-through estimator use `lowp_jax.fake_quantize`.
+        straight-through estimator use `lowp_jax.fake_quantize`. `jax.grad` itself
+        refuses integer inputs: a QArray with uint8 leaves (fp4 and fp6 codes, MX scale
+        bytes) must not be among the arguments it differentiates (pick `argnums`, or in
+        nnx leave quantized kernels out with `nnx.DiffState(0, filter)`); float8 leaves
+        get zero gradients, uint8 ones float0 under `jax.vjp`.
       vmap: quantize and dequantize map over a leading batch axis for every scheme, each
         example quantized on its own; the QArray built inside carries the per-example
         `shape`, and its leaves gain the batch axis outside (use it under the same vmap).
