@@ -104,6 +104,7 @@ def quantize_(
     config = _inference_config(config)
     if filter_fn is not None and not callable(filter_fn):
         raise TypeError(f"filter_fn must be callable(module, name) -> bool, got {filter_fn!r}")
+    called_inside = _linears_called_inside_attention(model)
     quantized, seen = [], set()
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear) or id(module) in seen:
@@ -112,6 +113,14 @@ def quantize_(
         if filter_fn is not None and not filter_fn(module, name):
             continue
         _refuse_training_layer(module, name, "quantize_")
+        if id(module) in called_inside and config.weight.fmt == "float4_e2m1fn":
+            raise ValueError(
+                f"quantize_: layer {name!r} is an nn.MultiheadAttention's out_proj, whose "
+                "weight F.multi_head_attention_forward uses transposed (aten.t + addmm), "
+                "which packed fp4 codes cannot be without dequantizing: its input would "
+                "not be quantized. Leave it out with filter_fn, or use a float8 or mxfp8 "
+                "preset for it"
+            )
         weight_name = f"{name}.weight" if name else "weight"
         linear = _config.LinearConfig(
             activation=config.activation,
@@ -126,6 +135,12 @@ def quantize_(
     for module, weight in quantized:
         module.weight = nn.Parameter(weight, requires_grad=False)
     return model
+
+
+def _linears_called_inside_attention(model: nn.Module) -> set[int]:
+    """ids of the nn.Linear layers an nn.MultiheadAttention reaches through
+    F.multi_head_attention_forward, not by calling them: its out_proj."""
+    return {id(m.out_proj) for m in model.modules() if isinstance(m, nn.MultiheadAttention)}
 
 
 def _refuse_training_layer(module: nn.Module, name: str, caller: str) -> None:

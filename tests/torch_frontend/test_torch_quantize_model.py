@@ -321,3 +321,16 @@ def test_contiguous_of_a_transposed_quantized_tensor_is_contiguous():
     c = q.t().contiguous()
     assert c.is_contiguous() and c.codes.is_contiguous() and c.shape == (64, 8)
     assert torch.equal(lowp_torch.dequantize(c), lowp_torch.dequantize(q).t())
+
+
+@pytest.mark.parametrize("preset", ["nvfp4", "mxfp4"])
+def test_an_attention_out_proj_is_refused_for_packed_fp4(preset):
+    """nn.MultiheadAttention uses out_proj's weight transposed inside
+    F.multi_head_attention_forward; packed fp4 codes cannot be, so its input would go
+    unquantized: refused, naming the layer, and filter_fn leaves it out."""
+    model = nn.Sequential(nn.MultiheadAttention(64, 4, batch_first=True))
+    with pytest.raises(ValueError, match="'0.out_proj' is an nn.MultiheadAttention's out_proj"):
+        lowp_torch.quantize_(model, preset)
+    assert not isinstance(model[0].out_proj.weight, lowp_torch.QuantizedTensor)
+    lowp_torch.quantize_(model, preset, filter_fn=lambda module, name: "out_proj" not in name)
+    lowp_torch.quantize_(nn.MultiheadAttention(64, 4), "mxfp8")  # transposable codes: fine
