@@ -193,6 +193,13 @@ class InferenceConfig:
         _schemes.check_scheme(self.weight)
         if self.activation is not None:
             _schemes.check_scheme(self.activation)
+        for field, scheme in (("weight", self.weight), ("activation", self.activation)):
+            # Along in_features, stored last: another axis would scale an activation
+            # across tokens (its output then depending on the batch).
+            if getattr(scheme, "axis", -1) != -1:
+                raise ValueError(
+                    f"InferenceConfig.{field} scales along in_features, axis -1; got {scheme}"
+                )
 
     @staticmethod
     def names() -> tuple[str, ...]:

@@ -120,6 +120,12 @@ def test_inference_config_checks_its_fields():
         lowp.InferenceConfig.from_name("int8")
     with pytest.raises(TypeError, match="scheme"):
         lowp.InferenceConfig(weight="float8_e4m3fn")
+    for fields in (
+        {"weight": lowp.AxisScaling(axis=0)},
+        {"weight": lowp.AxisScaling(), "activation": lowp.MXScaling(axis=0)},
+    ):
+        with pytest.raises(ValueError, match=r"scales along in_features, axis -1; got \w+Scaling"):
+            lowp.InferenceConfig(**fields)
 
 
 def test_from_spec_builds_every_kind():
