@@ -269,10 +269,12 @@ def _run_inspect(args) -> int:
     if not os.path.isfile(path):
         raise _UsageError(f"no such file: {path!r}")
     if args.plot:  # fail before the minutes of work, not after
-        if importlib.util.find_spec("matplotlib") is None:
-            raise _UsageError(_NO_MATPLOTLIB)
+        if not args.plot.lower().endswith(".png") or os.path.isdir(args.plot):
+            raise _UsageError(f"--plot takes a .png file path, got {args.plot!r}")
         if not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
             raise _UsageError(f"--plot: no such directory for {args.plot!r}")
+        if importlib.util.find_spec("matplotlib") is None:
+            raise _UsageError(_NO_MATPLOTLIB)
     try:
         arrays = _interchange.read_arrays(path)
     except Exception as err:  # noqa: BLE001 -- any failure to parse is the file's fault

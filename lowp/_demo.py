@@ -323,6 +323,8 @@ def _png_path(path: str) -> str:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise _CannotRun(f"--png {path!r}: no such directory {folder!r}")
+    if not path.lower().endswith(".png") or os.path.isdir(path):
+        raise _CannotRun(f"--png takes a .png file path, got {path!r}")
     return path
 
 

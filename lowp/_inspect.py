@@ -176,7 +176,7 @@ def inspect_tensor(name: str, x: np.ndarray, label: str, scheme: _schemes.Scheme
         sqnr = math.nan
     elif noise == 0:
         sqnr = math.inf
-    elif signal == 0:
+    elif signal == 0 or math.isinf(noise):  # an element dequantized to ±Inf (spec §6)
         sqnr = -math.inf
     else:
         sqnr = 10 * math.log10(signal / noise)

@@ -204,6 +204,19 @@ def test_poisoned_groups_are_counted_and_left_out_of_sqnr():
     assert whole.poisoned_groups == 1 and math.isnan(whole.sqnr_db)  # nothing left to measure
 
 
+def test_a_value_that_dequantizes_to_inf_reports_minus_inf_sqnr(capsys, tmp_path):
+    """A finite input can dequantize to ±Inf where the scale rounded up (spec §6): the
+    error is infinite, the SQNR -inf, and the report still comes out."""
+    x = np.zeros((4, 64), np.float32)
+    x[0, 0] = 3.0e38
+    row = _inspect.inspect_tensor("x", x, "mxfp4", lowp.InferenceConfig.from_name("mxfp4").weight)
+    assert row.sqnr_db == -math.inf
+    path = tmp_path / "big.npz"
+    np.savez(path, w=x)
+    code, out, err = run(capsys, "inspect", str(path), "--no-progress")
+    assert code == 0 and "Traceback" not in err and "-inf" in out
+
+
 def test_progress_bar_for_more_than_20_tensors(capsys, tmp_path):
     path = tmp_path / "many.npz"
     np.savez(path, **{f"t{i:02d}": np.ones(32, np.float32) for i in range(21)})
@@ -233,6 +246,7 @@ def test_plot_writes_a_png(capsys, npz_file, tmp_path):
         (["--scheme", "float9_magic"], "unknown scheme 'float9_magic'"),
         (["--scheme", "mxfp8,float9_magic"], "unknown scheme 'float9_magic'"),
         (["--top", "-1"], "--top must be >= 0, got -1"),
+        (["--plot", "report.txt"], "--plot takes a .png file path, got 'report.txt'"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(capsys, npz_file, argv, expected):

@@ -51,6 +51,8 @@ def test_missing_frameworks_name_the_extra_to_install(monkeypatch):
 def test_png_into_a_missing_folder_is_refused(tmp_path):
     status, _, err = run_demo("--png", str(tmp_path / "nowhere" / "demo.png"))
     assert status == 2 and "nowhere" in err
+    status, _, err = run_demo("--png", str(tmp_path / "demo.txt"))
+    assert status == 2 and "--png takes a .png file path" in err
 
 
 # --- The full default run ----------------------------------------------------------------
