@@ -121,10 +121,30 @@ def element_format(name: str) -> Format:
 def encode(v: np.ndarray, fmt: Format) -> np.ndarray:
     """E_fmt of spec §2: float32 -> uint8 codes, round to nearest, ties to even code.
 
-    `v` must be finite with |v| <= fmt.max (the callers clamp first); subnormals of
-    the element format are produced, float32 subnormals round to a signed zero, and
-    the sign bit of `v` is kept (-0.0 -> sign set). Integer arithmetic only.
+    `v` is a float32 array, finite with |v| <= fmt.max (`quantize` clamps first);
+    subnormals of the element format are produced, float32 subnormals round to a signed
+    zero, and the sign bit of `v` is kept (-0.0 -> sign set). Integer arithmetic only.
+
+    Raises:
+      TypeError: `v` is not float32 (a float64 value would round twice, spec §0.1).
+      ValueError: naming the first value that is not finite or above fmt.max in
+        magnitude (the encoder would wrap it into another code).
     """
+    v = np.asarray(v)
+    if v.dtype != np.float32:
+        raise TypeError(f"encode takes float32 values, got dtype {v.dtype}; cast first")
+    outside = (_bits.bits(v) & _bits.ABS) > _bits.bits(np.float32(fmt.max))
+    if outside.any():
+        first = v.reshape(-1)[np.argmax(outside.reshape(-1))]
+        raise ValueError(
+            f"encode: {first!r} is not a finite value of magnitude <= {fmt.name}'s max "
+            f"{fmt.max:g}; clamp (and poison) first, as quantize does"
+        )
+    return encode_in_range(v, fmt)
+
+
+def encode_in_range(v: np.ndarray, fmt: Format) -> np.ndarray:
+    """`encode` without its checks, for callers that clamp first (quantize, rounding)."""
     b = _bits.bits(v)
     sign = (b >> np.uint32(31)).astype(np.uint32)
     e32 = ((b >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int32)

@@ -203,7 +203,7 @@ def _quantize_nvfp4(xf, absb, scheme, random, block_amax, block_poisoned):
     k = np.multiply(s_enc, np.divide(one, np.float32(6), dtype=np.float32), dtype=np.float32)
     with np.errstate(over="ignore"):  # amax*k and x*inv may overflow: min/clamp bound them
         sb_value = np.minimum(_bits.ftz(np.multiply(block_amax, k, dtype=np.float32)), np.float32(448))
-        sb = _formats.encode(sb_value, _E4M3)
+        sb = _formats.encode_in_range(sb_value, _E4M3)
         p = _bits.ftz(np.multiply(_formats.decode(sb, _E4M3), s_dec, dtype=np.float32))
         safe_p = np.where(p == 0, one, p)
         inv = np.where(p == 0, _bits.FLT_MAX, np.minimum(np.divide(one, safe_p, dtype=np.float32), _bits.FLT_MAX))

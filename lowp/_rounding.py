@@ -49,7 +49,7 @@ def round_elements(v: np.ndarray, fmt: _formats.Format, random: np.ndarray | Non
     `random` is None for round-to-nearest-even, else one uint32 per element.
     """
     if random is None:
-        return _formats.encode(v, fmt)
+        return _formats.encode_in_range(v, fmt)
     b = _bits.bits(v)
     sign = b & _bits.SIGN
     a = _bits.from_bits(b & _bits.ABS)
@@ -61,7 +61,7 @@ def round_elements(v: np.ndarray, fmt: _formats.Format, random: np.ndarray | Non
     up = (fraction24.astype(np.uint64) + (random >> np.uint32(8))) >= (1 << 24)
     q = np.multiply(n + up.astype(np.float32), _bits.pow2(e - fmt.mbits), dtype=np.float32)
     q = np.minimum(q, np.float32(fmt.max))
-    return _formats.encode(_bits.from_bits(_bits.bits(q) | sign), fmt)
+    return _formats.encode_in_range(_bits.from_bits(_bits.bits(q) | sign), fmt)
 
 
 def random_source(rounding: str, random_bits, seed, offset_is_zero: bool, name: str) -> str:

@@ -113,3 +113,15 @@ def test_max_code_and_values_are_read_only():
 def test_element_format_names_the_unknown_one():
     with pytest.raises(ValueError, match="float8_e4m3"):
         _formats.element_format("float8_e4m3")
+
+
+def test_encode_refuses_what_it_would_wrap():
+    """Outside [-max, max] the integer encoder would wrap into another code (e4m3 500
+    would read -0): encode names the value; float64 would round twice (spec §0.1)."""
+    e4m3 = lowp.FORMATS["float8_e4m3fn"]
+    for bad in (500.0, -449.0, np.inf, np.nan):
+        with pytest.raises(ValueError, match="not a finite value of magnitude <= float8_e4m3fn"):
+            lowp.encode(np.array([1.0, bad], np.float32), e4m3)
+    with pytest.raises(TypeError, match="float32 values, got dtype float64"):
+        lowp.encode(np.array([1.0]), e4m3)
+    assert lowp.encode(np.array([448.0, -448.0], np.float32), e4m3).tolist() == [0x7E, 0xFE]
