@@ -192,5 +192,9 @@ def _value_table(fmt: Format) -> np.ndarray:
 
 
 def decode(codes: np.ndarray, fmt: Format) -> np.ndarray:
-    """float32 value of each code (one code per uint8, unpacked)."""
-    return _value_table(fmt)[np.asarray(codes, dtype=np.uint8)]
+    """float32 value of each code (one code per uint8, unpacked); ValueError naming a
+    byte that is no code of `fmt` (above 15 for fp4, 63 for fp6)."""
+    codes = np.asarray(codes, dtype=np.uint8)
+    if fmt.bits < 8 and codes.size and codes.max() >> fmt.bits:
+        raise ValueError(f"decode: {int(codes.max())} is not a {fmt.bits}-bit {fmt.name} code")
+    return _value_table(fmt)[codes]

@@ -9,8 +9,13 @@ SCALE_LAYOUTS = ("plain", "cublas_blocked")
 
 def pack_fp4(codes: np.ndarray) -> np.ndarray:
     """Two 4-bit codes a byte along the last axis: element 2j in bits 3..0, 2j+1 in 7..4."""
+    codes = np.asarray(codes)
+    if codes.dtype != np.uint8:
+        raise TypeError(f"pack_fp4 takes uint8 codes, got dtype {codes.dtype}")
     if codes.ndim == 0 or codes.shape[-1] % 2:
         raise ValueError(f"float4 packing needs an even last dim, got shape {codes.shape}")
+    if codes.size and codes.max() > 0x0F:
+        raise ValueError(f"pack_fp4: {int(codes.max())} is not a 4-bit code (0..15)")
     low = codes[..., 0::2] & np.uint8(0x0F)
     high = codes[..., 1::2] & np.uint8(0x0F)
     return (low | (high << np.uint8(4))).astype(np.uint8)
@@ -18,6 +23,9 @@ def pack_fp4(codes: np.ndarray) -> np.ndarray:
 
 def unpack_fp4(packed: np.ndarray) -> np.ndarray:
     """Inverse of `pack_fp4`: one 4-bit code a byte, last axis doubled."""
+    packed = np.asarray(packed)
+    if packed.ndim == 0:
+        raise ValueError("unpack_fp4 takes packed codes of rank >= 1, got a 0-d array")
     out = np.empty(packed.shape[:-1] + (packed.shape[-1] * 2,), dtype=np.uint8)
     out[..., 0::2] = packed & np.uint8(0x0F)
     out[..., 1::2] = packed >> np.uint8(4)

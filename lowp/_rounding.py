@@ -28,7 +28,10 @@ def random_bits(seed: int, shape, offset: int = 0) -> np.ndarray:
     for field, value in (("seed", seed), ("offset", offset)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"random_bits: {field} must be an int, got {value!r}")
-    shape = tuple(int(n) for n in np.atleast_1d(shape)) if np.ndim(shape) else (int(shape),)
+    dims = np.atleast_1d(shape) if np.ndim(shape) else [shape]
+    if any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0 for n in dims):
+        raise ValueError(f"random_bits: shape must be non-negative ints, got {shape!r}")
+    shape = tuple(int(n) for n in dims)
     count = int(np.prod(shape, dtype=np.int64))
     index = (np.arange(count, dtype=np.uint64) + np.uint64(int(offset) & _MASK32)) & np.uint64(
         _MASK32

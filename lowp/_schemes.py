@@ -275,6 +275,8 @@ def from_spec(spec: str) -> Scheme:
     kwargs = {}
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
+        if key in kwargs:
+            raise ValueError(f"field {key!r} given twice in {spec!r}")
         if not sep or key not in fields:
             raise ValueError(
                 f"bad field {assignment!r} in {spec!r}; {kind} takes {', '.join(fields)} as FIELD=VALUE"

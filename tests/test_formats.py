@@ -125,3 +125,23 @@ def test_encode_refuses_what_it_would_wrap():
     with pytest.raises(TypeError, match="float32 values, got dtype float64"):
         lowp.encode(np.array([1.0]), e4m3)
     assert lowp.encode(np.array([448.0, -448.0], np.float32), e4m3).tolist() == [0x7E, 0xFE]
+
+
+def test_codes_and_shapes_outside_their_range_are_named():
+    fp4 = lowp.FORMATS["float4_e2m1fn"]
+    with pytest.raises(ValueError, match="20 is not a 4-bit float4_e2m1fn code"):
+        lowp.decode(np.array([3, 20], np.uint8), fp4)
+    with pytest.raises(ValueError, match="17 is not a 4-bit code"):
+        lowp.pack_fp4(np.array([17, 2], np.uint8))
+    with pytest.raises(TypeError, match="uint8 codes, got dtype int64"):
+        lowp.pack_fp4(np.array([1, 2]))
+    with pytest.raises(ValueError, match="rank >= 1"):
+        lowp.unpack_fp4(np.array(5, np.uint8))
+    for shape in ((3, -1), (2.7, 3), True):
+        with pytest.raises(ValueError, match="shape must be non-negative ints"):
+            lowp.random_bits(0, shape)
+    assert lowp.random_bits(0, 3).shape == (3,)
+    from lowp._schemes import from_spec
+
+    with pytest.raises(ValueError, match="'mode' given twice"):
+        from_spec("mx:mode=ceil:mode=floor")
