@@ -160,8 +160,9 @@ def load_activations(path: str | os.PathLike) -> "dict[str, _schemes.Scheme | No
       `activations=`) is absent, as is every name of a file without lowp metadata.
 
     Raises:
-      ValueError: naming the file and the tensor, for a malformed activation field (and
-        for anything wrong with the lowp metadata's version or entries, as `load`).
+      ValueError: naming the file and the tensor, for a malformed activation field or
+        a lowp metadata version it does not read. The rest of each tensor's entry
+        (its own scheme, shape, dtype, layout) is `load`'s to check, with the data.
 
     >>> import os, tempfile, lowp
     >>> q = lowp.quantize(np.ones((2, 32), np.float32), lowp.MXScaling())
