@@ -47,6 +47,7 @@ class QTensor:
             _expect_array("global_scale", self.global_scale, np.float32, ())
         elif self.global_scale is not None:
             raise ValueError(f"QTensor.global_scale must be None for {self.scheme}")
+        _check_scale_values(self, layout)
 
     @property
     def poisoned(self) -> bool:
@@ -86,6 +87,27 @@ class QTensor:
             f"codes={self.codes.dtype}{list(self.codes.shape)}, "
             f"scale={self.scale.dtype}{list(self.scale.shape)}, scale_layout={self.scale_layout!r})"
         )
+
+
+def _check_scale_values(q: "QTensor", layout: "StoredLayout") -> None:
+    """Scales `quantize` can write (a file from elsewhere may hold others): a float32
+    scale is NaN (a poisoned group) or positive and finite, an NVFP4 block-scale code
+    has its sign bit clear or is e4m3's NaN, a global scale is NaN or finite and >= 0.
+    A negative or infinite scale would flip or blow up values silently."""
+    if layout.scale_format == "float32":
+        bad = ~(np.isnan(q.scale) | ((q.scale > 0) & np.isfinite(q.scale)))
+        if bad.any():
+            value = q.scale.reshape(-1)[np.argmax(bad.reshape(-1))]
+            raise ValueError(f"QTensor.scale holds {value!r}: a scale is NaN or positive and finite")
+    elif layout.scale_format == "float8_e4m3fn":
+        bad = (q.scale & 0x80).astype(bool) & (q.scale != 0xFF)
+        if bad.any():
+            code = int(q.scale.reshape(-1)[np.argmax(bad.reshape(-1))])
+            raise ValueError(f"QTensor.scale holds the negative e4m3 block-scale code {code:#04x}")
+    if layout.has_global_scale:
+        g = q.global_scale
+        if not (np.isnan(g) or (np.isfinite(g) and g >= 0)):
+            raise ValueError(f"QTensor.global_scale is {g!r}: NaN or finite and >= 0")
 
 
 class StoredLayout(NamedTuple):

@@ -681,3 +681,21 @@ def test_malformed_activation_is_refused_naming_file_and_tensor(
     for read in (lowp.load, lowp.load_activations):  # load refuses it too
         with pytest.raises(ValueError, match=r"act\.safetensors: " + message):
             read(activation_file)
+
+
+def test_scales_quantize_cannot_write_are_refused():
+    """A tampered or foreign file must not flip or blow up values silently: a float32
+    scale is NaN or positive and finite, an NVFP4 block-scale code is no negative e4m3,
+    a global scale NaN or finite and >= 0."""
+    q = lowp.quantize(np.ones((2, 32), np.float32), lowp.AxisScaling())
+    for bad in (-1.0, np.inf, 0.0):
+        scale = q.scale.copy()
+        scale[1] = bad
+        with pytest.raises(ValueError, match="a scale is NaN or positive and finite"):
+            dataclasses.replace(q, scale=scale)
+    nv = lowp.quantize(np.ones((1, 16), np.float32), lowp.NVFP4Scaling())
+    with pytest.raises(ValueError, match="negative e4m3 block-scale code 0x[89a-f]"):
+        dataclasses.replace(nv, scale=nv.scale | np.uint8(0x80))
+    with pytest.raises(ValueError, match="global_scale is"):
+        dataclasses.replace(nv, global_scale=np.array(-2.0, np.float32))
+    dataclasses.replace(q, scale=np.full_like(q.scale, np.nan))  # poisoned groups: fine
