@@ -53,27 +53,14 @@ class Measured:
 
 def time_calls(fn, sync, timing: Timing) -> Measured:
     """Time `fn()`, with `sync()` waiting for the device's queued work."""
-    start = time.perf_counter()
-    for _ in range(timing.warmup):
-        fn()
-    sync()
-    warmup_s = time.perf_counter() - start
-    iters = timing.iters or _iters_for_target(fn, sync, timing)
-    samples = []
-    for _ in range(timing.repeats):
-        start = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        sync()
-        samples.append((time.perf_counter() - start) * 1e3 / iters)
-    return Measured(statistics.median(samples), warmup_s, iters)
+    return time_interleaved([fn], sync, timing)[0]
 
 
 def time_interleaved(fns, sync, timing: Timing) -> list[Measured]:
-    """Time several callables side by side: each warmed up and given its iteration
-    count as in `time_calls`, then `timing.repeats` rounds in which every one runs its
-    repeat in turn (the order rotating each round), each reported as the median of its
-    repeats.
+    """Time several callables side by side: each warmed up (the warm-up calls' time
+    kept) and given its iteration count (`timing.iters`, or what makes a repeat last
+    `target_s`), then `timing.repeats` rounds in which every one runs its repeat in turn
+    (the order rotating each round), each reported as the median of its repeats.
 
     For launch-bound calls (the small-shape sweep: a step of ~0.1 ms), whose times
     drift with the host's load and the GPU's clocks over a run: the variants then see

@@ -9,13 +9,18 @@ import pytest
 pytest.importorskip("flax")
 jax = pytest.importorskip("jax")
 
-_BENCH = pathlib.Path(__file__).parents[2] / "bench" / "jax_dense.py"
+
+def _bench(name: str):
+    """bench/NAME.py as a module (bench/ is no package on the test path)."""
+    path = pathlib.Path(__file__).parents[2] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_small_run_writes_rows(tmp_path):
-    spec = importlib.util.spec_from_file_location("jax_dense", _BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench("jax_dense")
     out = tmp_path / "dense.json"
     bench.main(["--small", "--presets", "float8_rowwise", "--iters", "1", "--out", str(out)])
     result = json.loads(out.read_text())
@@ -32,11 +37,7 @@ def test_small_run_writes_rows(tmp_path):
 
 def test_small_cast_run_checks_bytes_and_writes_rows(tmp_path):
     """The cast bench's paths write the same bytes, and its edge cases are lowp's."""
-    spec = importlib.util.spec_from_file_location(
-        "jax_cast", pathlib.Path(__file__).parents[2] / "bench" / "jax_cast.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench("jax_cast")
     out = tmp_path / "cast.json"
     assert bench.main(["--small", "--iters", "1", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -58,11 +59,7 @@ def test_small_cast_run_checks_bytes_and_writes_rows(tmp_path):
 def test_fp8_pattern_bench_runs_its_variants(capsys):
     """bench/jax_fp8_pattern.py: lowp's forms agree with themselves bit for bit; a form
     the backend refuses (a named fp8 dot algorithm on the CPU) is reported, not fatal."""
-    spec = importlib.util.spec_from_file_location(
-        "jax_fp8_pattern", pathlib.Path(__file__).parents[2] / "bench" / "jax_fp8_pattern.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench("jax_fp8_pattern")
     bench.main(["64", "--variants", "a,g,h,rows_a"])
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
     assert set(lines) == {"bf16", "quantize", "a", "g", "h", "rows_a"}
