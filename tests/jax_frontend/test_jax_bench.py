@@ -68,3 +68,42 @@ def test_fp8_pattern_bench_runs_its_variants(capsys):
     assert "gemm=" in lines["g"] and "maxdiff_vs_a=" in lines["g"]
     if jax.default_backend() == "cpu":
         assert "not run: ValueError" in lines["h"], lines["h"]
+
+
+def test_step_parts_bench_takes_the_step_apart(tmp_path):
+    """bench/jax_step_parts.py: every part is timed, and its GEMMs on the operands of
+    `training_operands` reproduce the step's y, dx and dw bit for bit, so the parts
+    are the step's own pieces."""
+    bench = _bench("jax_step_parts")
+    out = tmp_path / "parts.json"
+    bench.main(
+        [
+            "--shapes",
+            "64x128x96",
+            "--recipes",
+            "float8_tensorwise,float8_rowwise_gw_hp",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["recipe"], r["part"]) for r in rows] == [
+        ("bf16", "step"),
+        ("flax_fp8", "step"),
+        ("float8_tensorwise", "step"),
+        ("float8_tensorwise", "casts"),
+        ("float8_tensorwise", "gemms"),
+        ("float8_tensorwise", "raw"),
+        ("float8_rowwise_gw_hp", "step"),
+        ("float8_rowwise_gw_hp", "casts"),
+        ("float8_rowwise_gw_hp", "gemms"),
+        ("float8_rowwise_gw_hp", "raw"),
+    ]
+    assert all(r["ms"] > 0 for r in rows)
+    steps = {r["recipe"]: r["gemms_match_step"] for r in rows if "gemms_match_step" in r}
+    assert steps == {
+        "float8_tensorwise": {"forward": True, "dgrad": True, "wgrad": True},
+        "float8_rowwise_gw_hp": {"forward": True, "dgrad": True},
+    }

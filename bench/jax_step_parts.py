@@ -1,0 +1,200 @@
+"""Where the time of lowp_jax's fp8 training step goes, next to flax's: the dense
+layer's forward + backward taken apart, every part timed side by side in one run.
+
+For each recipe, at each shape (M, K, N), these jitted calls:
+
+    step      the whole forward + backward (`jax_training`: flax Dense, lowp's dot)
+    casts     every quantized operand of the three GEMMs, as the step computes them
+              (`lowp_jax.training_operands`: amax passes, casts, transposes)
+    gemms     the recipe's three GEMMs on those operands, given as inputs: lowp's fp8
+              dot (float32 output, then the decode scales and one rounding to bf16)
+    raw       the same three fp8 dots writing bf16 with no scale at all: the GEMM
+              hardware's floor, what no scaled form can beat
+
+and, once a shape, the bf16 step and flax's `Fp8DirectDotGeneralOp` step (delayed
+scaling: its casts reuse last step's scale, so the amax fuses into the cast; its dots
+write bf16 and are scaled in bf16). So `step - casts - gemms` is what fusing the parts
+saves or costs, `gemms - raw` the price of lowp's float32 output, and
+`flax - raw` what flax spends outside the GEMMs.
+
+    python bench/jax_step_parts.py                       # H200: the issue's two shapes
+    python bench/jax_step_parts.py --shapes 256x512x384 --recipes float8_tensorwise  # CPU smoke
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import lowp_jax
+from bench import _timing, jax_training
+
+RECIPES = ("float8_tensorwise", "float8_rowwise", "float8_rowwise_gw_hp")
+SHAPES = ((16384, 4096, 14336), (16384, 8192, 8192))
+A_BT = (((1,), (1,)), ((), ()))
+GEMMS = ("forward", "dgrad", "wgrad")
+
+
+def step_call(impl: str, recipe: str | None, x, w, dy):
+    """The jitted forward + backward of `jax_training` and its arguments, with the
+    kernel `w` (N, K) as the layer's (K, N) parameter."""
+    dense = jax_training.make_dense(impl, recipe, w.shape[0])
+    variables = dense.init(jax.random.key(1), x)
+    params = dict(variables["params"], kernel=w.T)
+    variables = {**variables, "params": params}
+
+    def fwd_bwd(variables, x, dy):
+        y, vjp = jax.vjp(dense.apply, variables, x)
+        return y, vjp(dy)
+
+    return jax.jit(fwd_bwd), (variables, x, dy)
+
+
+def parts(recipe: str, x, w, dy) -> dict:
+    """{part: (jitted fn, args)} of one recipe: casts, gemms, raw."""
+    casts = jax.jit(lambda x, w, dy: lowp_jax.training_operands(x, w, dy, recipe))
+    ops = casts(x, w, dy)
+    present = {name: pair for name, pair in ops.items() if pair is not None}
+    out_dtype = {"forward": x.dtype, "dgrad": x.dtype, "wgrad": w.dtype}
+
+    def gemms(present):
+        return {
+            name: lowp_jax.dot_general(
+                a,
+                b,
+                A_BT,
+                lax.Precision.DEFAULT if name == "forward" else lax.Precision.HIGHEST,
+                out_dtype[name],
+            )
+            for name, (a, b) in present.items()
+        }
+
+    codes = {name: (a.codes, b.codes) for name, (a, b) in present.items()}
+
+    def raw(codes):
+        return {
+            name: lax.dot_general(a, b, A_BT, preferred_element_type=jnp.bfloat16)
+            for name, (a, b) in codes.items()
+        }
+
+    return {
+        "casts": (casts, (x, w, dy)),
+        "gemms": (jax.jit(gemms), (present,)),
+        "raw": (jax.jit(raw), (codes,)),
+    }
+
+
+def gemms_match_step(step, gemms) -> dict:
+    """Whether the parts compute the step: {GEMM: its output equals the step's y, dx or
+    dw bit for bit} (a GEMM the recipe runs in high precision is not among the parts)."""
+    (fn, args), (gemm_fn, gemm_args) = step, gemms
+    y, (grads, dx) = fn(*args)
+    step_out = {"forward": y, "dgrad": dx, "wgrad": grads["params"]["kernel"].T}
+    return {
+        name: bool(jnp.array_equal(out, step_out[name]))
+        for name, out in gemm_fn(*gemm_args).items()
+    }
+
+
+def measure_shape(m, k, n, recipes, timing: _timing.Timing) -> list[dict]:
+    kx, kw, kg = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(kx, (m, k), jnp.bfloat16)
+    w = (jax.random.normal(kw, (n, k), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
+    dy = jax.random.normal(kg, (m, n), jnp.bfloat16)
+    labels, calls = [], []
+    for impl in ("bf16", "flax_fp8"):
+        labels.append((impl, impl, "step"))
+        calls.append(step_call(impl, None, x, w, dy))
+    same = {}
+    for recipe in recipes:
+        labels.append(("lowp", recipe, "step"))
+        calls.append(step_call("lowp", recipe, x, w, dy))
+        recipe_parts = parts(recipe, x, w, dy)
+        same[recipe] = gemms_match_step(calls[-1], recipe_parts["gemms"])
+        for part, call in recipe_parts.items():
+            labels.append(("lowp", recipe, part))
+            calls.append(call)
+    results = {}
+
+    def runner(fn, args):
+        last = []
+
+        def call():
+            last[:] = [fn(*args)]
+
+        return call, last
+
+    runners = [runner(fn, args) for fn, args in calls]
+    measured = _timing.time_interleaved(
+        [r[0] for r in runners],
+        lambda: [jax.block_until_ready(r[1]) for r in runners],
+        timing,
+    )
+    rows = []
+    for (impl, recipe, part), result in zip(labels, measured, strict=True):
+        results[(impl, recipe, part)] = result.ms
+        rows.append(
+            {
+                "M": m,
+                "K": k,
+                "N": n,
+                "impl": impl,
+                "recipe": recipe,
+                "part": part,
+                "ms": round(result.ms, 4),
+                "iters": result.iters,
+            }
+        )
+        if part == "step" and impl == "lowp":
+            rows[-1]["gemms_match_step"] = same[recipe]
+    bf16 = results[("bf16", "bf16", "step")]
+    for row in rows:
+        row["of_bf16_step"] = round(row["ms"] / bf16, 3)
+    return rows
+
+
+def format_rows(rows) -> str:
+    lines = []
+    for r in rows:
+        label = r["impl"] if r["impl"] != "lowp" else r["recipe"]
+        lines.append(
+            f"{r['M']}x{r['K']}x{r['N']:<6} {label:>22} {r['part']:>6}: {r['ms']:8.4f} ms "
+            f"({r['of_bf16_step']:.3f} of the bf16 step)"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES))
+    parser.add_argument("--recipes", default=",".join(RECIPES))
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--out", help="JSON rows here")
+    args = parser.parse_args(argv)
+    timing = _timing.Timing(warmup=3, repeats=args.repeats, target_s=0.05)
+    rows = []
+    for shape in args.shapes.split(","):
+        m, k, n = (int(v) for v in shape.split("x"))
+        shape_rows = measure_shape(m, k, n, args.recipes.split(","), timing)
+        print(format_rows(shape_rows), flush=True)
+        for row in shape_rows:
+            if "gemms_match_step" in row:
+                print(
+                    f"{row['recipe']}: the gemms part equals the step's outputs: "
+                    f"{row['gemms_match_step']}",
+                    flush=True,
+                )
+        rows += shape_rows
+    if args.out:
+        meta = {"jax": jax.__version__, "device": jax.devices()[0].device_kind}
+        pathlib.Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
