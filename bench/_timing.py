@@ -56,7 +56,7 @@ def time_calls(fn, sync, timing: Timing) -> Measured:
     return time_interleaved([fn], sync, timing)[0]
 
 
-def time_interleaved(fns, sync, timing: Timing) -> list[Measured]:
+def time_interleaved(fns, sync, timing: Timing, same_iters: bool = False) -> list[Measured]:
     """Time several callables side by side: each warmed up (the warm-up calls' time
     kept) and given its iteration count (`timing.iters`, or what makes a repeat last
     `target_s`), then `timing.repeats` rounds in which every one runs its repeat in turn
@@ -65,6 +65,9 @@ def time_interleaved(fns, sync, timing: Timing) -> list[Measured]:
     For launch-bound calls (the small-shape sweep: a step of ~0.1 ms), whose times
     drift with the host's load and the GPU's clocks over a run: the variants then see
     the same drift, instead of one variant's repeats all falling in a slow stretch.
+    same_iters: every callable runs the largest of their iteration counts, so that
+    calls expected to take the same time are timed alike (the count comes from timing
+    one call, which for a launch-bound call varies by 2x from one call to the next).
     """
     warmups, iters = [], []
     for fn in fns:
@@ -74,6 +77,8 @@ def time_interleaved(fns, sync, timing: Timing) -> list[Measured]:
         sync()
         warmups.append(time.perf_counter() - start)
         iters.append(timing.iters or _iters_for_target(fn, sync, timing))
+    if same_iters:
+        iters = [max(iters)] * len(fns)
     samples = [[] for _ in fns]
     for r in range(timing.repeats):
         for i in range(len(fns)):

@@ -51,14 +51,15 @@ def inputs(m: int, k: int, n: int, device) -> tuple:
 
 
 def make_layer(impl: str, recipe: str | None, weight: torch.Tensor) -> nn.Module:
-    """A bias-free linear holding a copy of `weight`: plain bf16 ("bf16"), converted by
-    lowp_torch.convert_to_training ("lowp") or by torchao's convert_to_float8_training
-    with the matching recipe ("torchao")."""
+    """A bias-free linear holding a copy of `weight`: plain bf16 ("bf16", and
+    "bf16_control", a second one whose time against the first shows a run's timing
+    noise), converted by lowp_torch.convert_to_training ("lowp") or by torchao's
+    convert_to_float8_training with the matching recipe ("torchao")."""
     n, k = weight.shape
     layer = nn.Linear(k, n, bias=False, device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
         layer.weight.copy_(weight)
-    if impl == "bf16":
+    if impl in ("bf16", "bf16_control"):
         return layer
     elif impl == "lowp":
         return lowp_torch.convert_to_training(layer, recipe)
@@ -91,9 +92,16 @@ def measure(impl, recipe, mode, tensors, timing: _timing.Timing, backend: str) -
 
 
 def measure_interleaved(
-    variants, mode, tensors, timing: _timing.Timing, backend: str, on_error=None
+    variants,
+    mode,
+    tensors,
+    timing: _timing.Timing,
+    backend: str,
+    on_error=None,
+    same_iters: bool = False,
 ) -> list[dict]:
-    """One row per (impl, recipe) variant, timed side by side (`_timing.time_interleaved`).
+    """One row per (impl, recipe) variant, timed side by side (`_timing.time_interleaved`,
+    with its `same_iters`).
 
     on_error(variant, exception): called for a variant whose layer fails to build or
     run, which then has no row while the others are timed; without it, the exception
@@ -119,7 +127,7 @@ def measure_interleaved(
         kept.append(variant)
         calls.append(call)
         decisions.append(decided)
-    measured = _timing.time_interleaved(calls, _timing.torch_sync(x.device), timing)
+    measured = _timing.time_interleaved(calls, _timing.torch_sync(x.device), timing, same_iters)
     rows = []
     for (impl, recipe), result, decided in zip(kept, measured, decisions, strict=True):
         row = {
@@ -155,9 +163,11 @@ def release(device) -> None:
 
 def format_row(row: dict) -> str:
     shape = f"{row['M']}x{row['K']}x{row['N']}"
-    label = {"bf16": "bf16", "limit": f"limit {row['recipe']}"}.get(
-        row["impl"], f"{row['impl']} {row['recipe']}"
-    )
+    label = {
+        "bf16": "bf16",
+        "bf16_control": "bf16 (control)",
+        "limit": f"limit {row['recipe']}",
+    }.get(row["impl"], f"{row['impl']} {row['recipe']}")
     head = f"{shape:>18} {label:>30} {row['mode']:>8}: "
     if row["ms"] is None:
         return head + f"not measured: {row.get('why')}"

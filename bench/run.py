@@ -19,7 +19,8 @@ goes on; with --time-budget, items that no longer fit are skipped and recorded):
   jax     the same in JAX: flax Dense with lowp's training dot vs bf16 and vs flax's
           Fp8DirectDotGeneralOp (delayed scaling) (bench/jax_training.py).
   sweep   the small-shape sweep: M = 16 ... 16384 at K = N = 4096 and 8192, every
-          float8 recipe vs bf16, forward + backward.
+          float8 recipe vs bf16, forward + backward, beside a second bf16 layer whose
+          ratio to the first is the timing noise at that shape.
   memory  peak CUDA memory of an eager transformer-block training step per recipe.
   block   that block's training step timed, bf16 vs each float8 recipe, eager and
           compiled (bench/torch_block.py), with its peak memory.
@@ -82,6 +83,7 @@ class Sizes:
     cast_shape: str
     cast_iters: int
     timing: _timing.Timing
+    sweep_timing: _timing.Timing  # more, shorter repeats: launch-bound steps are noisy
 
 
 FULL = Sizes(
@@ -94,6 +96,7 @@ FULL = Sizes(
     cast_shape="16384x16384",
     cast_iters=10,
     timing=_timing.Timing(warmup=3, repeats=5, target_s=0.05),
+    sweep_timing=_timing.Timing(warmup=3, repeats=11, target_s=0.03),
 )
 SMALL = Sizes(
     linear=((64, 128, 256),),
@@ -104,6 +107,7 @@ SMALL = Sizes(
     cast_shape="64x256",
     cast_iters=1,
     timing=_timing.Timing(warmup=1, repeats=1, target_s=0.0),
+    sweep_timing=_timing.Timing(warmup=1, repeats=1, target_s=0.0),
 )
 
 
@@ -209,12 +213,15 @@ def _linear_item(ctx, sec, impl, recipe, mode, tensors, shape) -> None:
 
 
 def sweep(ctx: Context, sec: _record.Section) -> None:
-    """One item per shape and mode: bf16 and every float8 recipe timed side by side
-    (`linear_step.measure_interleaved`). At small M a step is launch-bound, ~0.1 ms,
-    and timed one after another the variants drifted apart by up to 40% on the H200
-    even where the small-shape policy ran them as the same `F.linear`."""
+    """One item per shape and mode: bf16, a second bf16 layer (the control) and every
+    float8 recipe timed side by side (`linear_step.measure_interleaved`), with the same
+    iteration count. At small M a step is launch-bound, ~0.2 ms: timed one after
+    another the variants drifted apart by up to 40% on the H200 even where the
+    small-shape policy ran them as the same `F.linear`, and interleaved, still by up
+    to 17% (2026-11-30). The control's ratio to bf16 is that noise, measured."""
     modes = ctx.modes("sweep_modes")
-    variants = [("bf16", None)] + [("lowp", r) for r in ctx.float8_recipes()]
+    variants = [("bf16", None), ("bf16_control", None)]
+    variants += [("lowp", r) for r in ctx.float8_recipes()]
     for kn in ctx.sizes.sweep_kn:
         for m in ctx.sizes.sweep_m:
             tensors = linear_step.inputs(m, kn, kn, ctx.device)
@@ -228,7 +235,13 @@ def sweep(ctx: Context, sec: _record.Section) -> None:
 
                     try:
                         return linear_step.measure_interleaved(
-                            variants, mode, tensors, ctx.sizes.timing, ctx.backend, failed
+                            variants,
+                            mode,
+                            tensors,
+                            ctx.sizes.sweep_timing,
+                            ctx.backend,
+                            failed,
+                            same_iters=True,
                         )
                     finally:
                         linear_step.release(ctx.device)

@@ -40,6 +40,7 @@ def build(sections: dict) -> dict:
 
     linear, linear_detail = _linear(rows("linear"))
     small, slowest = _sweep(rows("sweep"))
+    control = _sweep_control(rows("sweep"))
     summary = {
         "cast_fraction_of_copy": _casts(rows("casts")),
         "linear_fwd_bwd_speedup_vs_bf16": linear,
@@ -49,6 +50,12 @@ def build(sections: dict) -> dict:
         "linear_fwd_bwd_detail": linear_detail,
         "slowest_small_shape": slowest,
         "small_shapes_speedup_vs_bf16": small,
+        # the same ratio for a second bf16 layer timed beside them: the timing noise
+        "small_shapes_bf16_control_vs_bf16": control,
+        "slowest_bf16_control_vs_bf16": min(
+            (r for modes in control.values() for r in modes.values() if r is not None),
+            default=None,
+        ),
         "cast_fraction_of_copy_by_path": _casts_by_path(rows("casts")),
         "block_step": _block(rows("block")),
         "memory_peak": _memory(rows("memory")),
@@ -170,6 +177,18 @@ def _sweep(rows):
     return table, slowest
 
 
+def _sweep_control(rows) -> dict:
+    """{mode: {shape: bf16 time over the bf16 control's}}: a layer identical to bf16,
+    so any distance from 1 is the timing's noise at that shape."""
+    bf16 = {(shape_key(r), r["mode"]): r["ms"] for r in rows if r["impl"] == "bf16"}
+    table = {}
+    for row in rows:
+        if row["impl"] == "bf16_control":
+            ratio = _ratio(bf16.get((shape_key(row), row["mode"])), row["ms"])
+            table.setdefault(row["mode"], {})[shape_key(row)] = ratio
+    return table
+
+
 def _block(rows) -> dict:
     """{recipe: {mode: {ms, speedup_vs_bf16, peak_mib}}} against the fastest bf16 step."""
     timed = [r["ms"] for r in rows if r["recipe"] == "bf16" and r["ms"] is not None]
@@ -262,6 +281,11 @@ def format_table(summary: dict) -> str:
         lines.append(
             f"small-shape sweep: slowest float8 vs bf16 = {slowest['speedup_vs_bf16']:.3f}x "
             f"({slowest['recipe']} {slowest['mode']} at {slowest['shape']}; target >= 1)"
+        )
+    if summary["slowest_bf16_control_vs_bf16"] is not None:
+        lines.append(
+            "  its noise: a second bf16 layer timed beside them ran at "
+            f"{summary['slowest_bf16_control_vs_bf16']:.3f}x of bf16 at its slowest shape"
         )
     if summary["block_step"]:
         lines.append("transformer block training step:")

@@ -51,6 +51,10 @@ def test_summary_has_the_issue_form(small_run):
     assert linear["mxfp8"]["64x128x256"]["limit"] is None  # no MX GEMM to time
     assert summary["slowest_vs_bf16_small_shapes"] > 0
     assert summary["slowest_small_shape"]["recipe"] == "float8_rowwise"
+    # the bf16 control: a second bf16 layer's ratio at every swept shape, and its slowest
+    control = summary["small_shapes_bf16_control_vs_bf16"]
+    assert list(control) == ["eager"] and set(control["eager"]) == {"16x128x128", "64x128x128"}
+    assert summary["slowest_bf16_control_vs_bf16"] == min(control["eager"].values()) > 0
     assert "mxfp8" in summary["numerics_only"]  # CPU: every GEMM emulated
     assert set(summary["memory_peak"]) == {"bf16", "float8_rowwise", "mxfp8"}
 
@@ -102,7 +106,7 @@ def test_a_failing_item_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
         ]
     )
     sweep = result["sections"]["sweep"]
-    assert [r["impl"] for r in sweep["rows"]] == ["bf16", "bf16"]
+    assert [r["impl"] for r in sweep["rows"]] == ["bf16", "bf16_control"] * 2
     assert [e["error"] for e in sweep["errors"]] == ["RuntimeError: planted"] * 2
     assert result["summary"]["incomplete"] == {"sweep": {"skipped": 0, "errors": 2}}
 
@@ -158,6 +162,18 @@ def test_interleaved_timing_rotates_the_variants_through_each_round():
     rounds = [timed[i : i + 12] for i in range(0, 36, 12)]
     assert [r[::4] for r in rounds] == [list("abc"), list("bca"), list("cab")]
     assert all(r == [x for x in r[::4] for _ in range(4)] for r in rounds)
+
+
+def test_same_iters_gives_every_callable_the_largest_count(monkeypatch):
+    """Sized one by one, a launch-bound call's count varies with the one call that sizes
+    it; same_iters runs every callable the largest count."""
+    counts = iter([3, 7, 5])
+    monkeypatch.setattr(_timing, "_iters_for_target", lambda fn, sync, timing: next(counts))
+    fns = [lambda: None] * 3
+    timing = _timing.Timing(warmup=1, repeats=2, target_s=0.01)
+    assert [m.iters for m in _timing.time_interleaved(fns, lambda: None, timing, True)] == [7] * 3
+    counts = iter([3, 7, 5])
+    assert [m.iters for m in _timing.time_interleaved(fns, lambda: None, timing)] == [3, 7, 5]
 
 
 def test_the_sweep_times_bf16_and_the_recipes_together(small_run):
