@@ -18,6 +18,7 @@ saves or costs, `gemms - raw` the price of lowp's float32 output, and
 `flax - raw` what flax spends outside the GEMMs.
 
     python bench/jax_step_parts.py                       # H200: the issue's two shapes
+    python bench/jax_step_parts.py --tensorwise-forms codes,dequantize  # also XLA's pattern
     python bench/jax_step_parts.py --shapes 256x512x384 --recipes float8_tensorwise  # CPU smoke
 """
 
@@ -34,6 +35,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import lowp_jax
 from bench import _timing, jax_training
+from lowp_jax import _dot
 
 RECIPES = ("float8_tensorwise", "float8_rowwise", "float8_rowwise_gw_hp")
 SHAPES = ((16384, 4096, 14336), (16384, 8192, 8192))
@@ -41,9 +43,10 @@ A_BT = (((1,), (1,)), ((), ()))
 GEMMS = ("forward", "dgrad", "wgrad")
 
 
-def step_call(impl: str, recipe: str | None, x, w, dy):
-    """The jitted forward + backward of `jax_training` and its arguments, with the
-    kernel `w` (N, K) as the layer's (K, N) parameter."""
+def step_call(impl: str, recipe: str | None, x, w, dy, form: str = "codes"):
+    """The compiled forward + backward of `jax_training` and its arguments, with the
+    kernel `w` (N, K) as the layer's (K, N) parameter; `form`: lowp_jax's
+    `_dot.TENSORWISE_FORM` while it is traced."""
     dense = jax_training.make_dense(impl, recipe, w.shape[0])
     variables = dense.init(jax.random.key(1), x)
     params = dict(variables["params"], kernel=w.T)
@@ -53,7 +56,17 @@ def step_call(impl: str, recipe: str | None, x, w, dy):
         y, vjp = jax.vjp(dense.apply, variables, x)
         return y, vjp(dy)
 
-    return jax.jit(fwd_bwd), (variables, x, dy)
+    default, _dot.TENSORWISE_FORM = _dot.TENSORWISE_FORM, form
+    try:
+        compiled = jax.jit(fwd_bwd).lower(variables, x, dy).compile()
+    finally:
+        _dot.TENSORWISE_FORM = default
+    return compiled, (variables, x, dy)
+
+
+def fp8_gemms(compiled) -> int:
+    """cuBLASLt fp8 GEMMs in a compiled step (0 off the GPU)."""
+    return compiled.as_text().count(f'custom_call_target="{jax_training.FP8_GEMM}"')
 
 
 def parts(recipe: str, x, w, dy) -> dict:
@@ -102,7 +115,7 @@ def gemms_match_step(step, gemms) -> dict:
     }
 
 
-def measure_shape(m, k, n, recipes, timing: _timing.Timing) -> list[dict]:
+def measure_shape(m, k, n, recipes, timing: _timing.Timing, forms=("codes",)) -> list[dict]:
     kx, kw, kg = jax.random.split(jax.random.key(0), 3)
     x = jax.random.normal(kx, (m, k), jnp.bfloat16)
     w = (jax.random.normal(kw, (n, k), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
@@ -120,6 +133,9 @@ def measure_shape(m, k, n, recipes, timing: _timing.Timing) -> list[dict]:
         for part, call in recipe_parts.items():
             labels.append(("lowp", recipe, part))
             calls.append(call)
+        for form in forms[1:] if recipe == "float8_tensorwise" else ():
+            labels.append(("lowp", f"{recipe} ({form})", "step"))
+            calls.append(step_call("lowp", recipe, x, w, dy, form))
     results = {}
 
     def runner(fn, args):
@@ -151,7 +167,9 @@ def measure_shape(m, k, n, recipes, timing: _timing.Timing) -> list[dict]:
                 "iters": result.iters,
             }
         )
-        if part == "step" and impl == "lowp":
+        if part == "step":
+            rows[-1]["fp8_gemms_in_hlo"] = fp8_gemms(calls[len(rows) - 1][0])
+        if part == "step" and recipe in same:
             rows[-1]["gemms_match_step"] = same[recipe]
     bf16 = results[("bf16", "bf16", "step")]
     for row in rows:
@@ -175,13 +193,20 @@ def main(argv=None):
     parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES))
     parser.add_argument("--recipes", default=",".join(RECIPES))
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--tensorwise-forms",
+        default="codes",
+        help="comma list of lowp_jax _dot.TENSORWISE_FORM values: float8_tensorwise's step "
+        "is also timed in each form after the first (codes, dequantize)",
+    )
     parser.add_argument("--out", help="JSON rows here")
     args = parser.parse_args(argv)
     timing = _timing.Timing(warmup=3, repeats=args.repeats, target_s=0.05)
     rows = []
     for shape in args.shapes.split(","):
         m, k, n = (int(v) for v in shape.split("x"))
-        shape_rows = measure_shape(m, k, n, args.recipes.split(","), timing)
+        forms = tuple(args.tensorwise_forms.split(","))
+        shape_rows = measure_shape(m, k, n, args.recipes.split(","), timing, forms)
         print(format_rows(shape_rows), flush=True)
         for row in shape_rows:
             if "gemms_match_step" in row:

@@ -82,6 +82,8 @@ def test_step_parts_bench_takes_the_step_apart(tmp_path):
             "64x128x96",
             "--recipes",
             "float8_tensorwise,float8_rowwise_gw_hp",
+            "--tensorwise-forms",
+            "codes,dequantize",
             "--repeats",
             "1",
             "--out",
@@ -96,12 +98,20 @@ def test_step_parts_bench_takes_the_step_apart(tmp_path):
         ("float8_tensorwise", "casts"),
         ("float8_tensorwise", "gemms"),
         ("float8_tensorwise", "raw"),
+        ("float8_tensorwise (dequantize)", "step"),
         ("float8_rowwise_gw_hp", "step"),
         ("float8_rowwise_gw_hp", "casts"),
         ("float8_rowwise_gw_hp", "gemms"),
         ("float8_rowwise_gw_hp", "raw"),
     ]
     assert all(r["ms"] > 0 for r in rows)
+    # cuBLASLt fp8 GEMMs in each compiled step: none on the CPU; on a GPU the default
+    # form's (the "dequantize" form's count is what the bench is there to find out)
+    gemms = {r["recipe"]: r["fp8_gemms_in_hlo"] for r in rows if r["part"] == "step"}
+    on_gpu = jax.default_backend() == "gpu"
+    assert gemms["float8_tensorwise"] == (3 if on_gpu else 0)
+    assert gemms["float8_rowwise_gw_hp"] == (2 if on_gpu else 0)
+    assert gemms["bf16"] == 0 and (on_gpu or gemms["float8_tensorwise (dequantize)"] == 0)
     steps = {r["recipe"]: r["gemms_match_step"] for r in rows if "gemms_match_step" in r}
     assert steps == {
         "float8_tensorwise": {"forward": True, "dgrad": True, "wgrad": True},
