@@ -115,7 +115,11 @@ TUNE_GRID = {
 }
 TUNE_GRID["rowwise_pow2"] = TUNE_GRID["rowwise"]
 TUNE_GRID["tensorwise_e5m2"] = TUNE_GRID["tensorwise"]
-TUNE_GRID["rowwise_both"] = TUNE_GRID["rowwise_axis0"]
+# The both-orientations cast's own tile was tuned (h200_tune_e.txt: (64, 64), 32 a thread);
+# its amax pass's tile is tried apart from it (`_triton_casts._AMAX_TILE`).
+_AMAX_TILES = (None, (32, 256), (16, 512), (64, 256), (128, 128))
+TUNE_GRID["rowwise_both"] = {"_AMAX_TILE": _AMAX_TILES, "_AMAX_ROW_TILES": (4, 16)}
+TUNE_GRID["rowwise_axis0"] = TUNE_GRID["rowwise_both"]
 TUNE_GRID["mxfp8_both"] = TUNE_GRID["mxfp8_axis0"]
 
 
@@ -180,6 +184,14 @@ def _callables(row: Row, x, paths):
         )
         out["compile"] = lambda: compiled(x)
     return out
+
+
+def _torch_ops(row: Row, x) -> dict:
+    """{"eager": the torch-ops path's result} for `_check`; {} for a "_both" row, which
+    `_check` compares with the torch ops itself."""
+    if row.both:
+        return {}
+    return {"eager": _callables(row, x, ["eager"])["eager"]()}
 
 
 def _check(row: Row, results: dict) -> str:
@@ -257,7 +269,8 @@ def run(args) -> dict:
 
 
 def tune(args) -> dict:
-    """Every combination of each row's TUNE_GRID on the Triton path; the best per row."""
+    """Every combination of each row's TUNE_GRID on the Triton path, each checked byte
+    for byte against the torch-ops path; the best per row of those that match."""
     from lowp_torch import _triton_casts
 
     device = torch.device(args.device)
@@ -271,9 +284,10 @@ def tune(args) -> dict:
             setting = dict(zip(grid, values, strict=True))
             with unittest.mock.patch.multiple(_triton_casts, **setting):
                 fn = _callables(row, x, ["triton"])["triton"]
+                check = _check(row, {"triton": fn(), "input": x, **_torch_ops(row, x)})
                 ms = time_ms(fn, device, args.iters, repeats=3)
-            print(f"{row.name:>16} {setting}: {ms:.4f} ms", flush=True)
-            if row.name not in best or ms < best[row.name]["ms"]:
+            print(f"{row.name:>16} {setting}: {ms:.4f} ms [{check}]", flush=True)
+            if check == "ok" and (row.name not in best or ms < best[row.name]["ms"]):
                 best[row.name] = {"ms": round(ms, 4), "setting": setting}
     for name, b in best.items():
         print(f"best {name:>16}: {b['ms']:.4f} ms with {b['setting']}")

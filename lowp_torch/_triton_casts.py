@@ -52,6 +52,12 @@ _ELEMENTS_PER_THREAD = 32
 _TILE_COLS = (64, 64)
 _COLS_ELEMENTS_PER_THREAD = 32
 _AMAX_ROW_TILES = 4  # column maxima: tiles a program stacks per atomic, at most
+# The amax pass of AxisScaling's column groups stores no codes, so its tile need not be
+# the cast's: a wider one takes fewer row-maximum atomics a row (C / BLOCK_C of them).
+# None: _TILE_COLS. On the H200 at 16384^2 this pass took 0.35 ms of the 0.83 ms that
+# float8_rowwise's casts cost a 16384x4096x14336 step (bench/results/h200_profile_linear_i.txt),
+# against 0.18 ms for its bytes; `bench/casts.py --tune --rows rowwise_both` tries others.
+_AMAX_TILE = None
 
 
 def quantize(t: torch.Tensor, scheme) -> _qtensor.QuantizedTensor:
@@ -285,14 +291,9 @@ def _axis_2d(x, view, fmt, pow2, rows: bool, cols: bool, cols_t: bool = False):
     block_c = min(_TILE_COLS[1], _pow2_at_least(c))
     programs, tiles_r, tiles_c = _grid_2d(view, block_r, block_c)
     if programs:
+        _axis_amax_2d(x, view, row_amax, col_amax, rows, cols)
         common = {"ROWS": rows, "COLS": cols, "BLOCK_R": block_r, "BLOCK_C": block_c}
         warps = _warps(block_r * block_c, _COLS_ELEMENTS_PER_THREAD)
-        stack = min(_AMAX_ROW_TILES, tiles_r)
-        stack = 1 << (stack.bit_length() - 1)  # a power of two, so the stack is a tile
-        stacks = _grid_2d(view, block_r * stack, block_c)
-        K.axis_amax_2d_kernel[(stacks[0],)](
-            x, row_amax, col_amax, r, c, *stacks[1:], ROW_TILES=stack, num_warps=warps, **common
-        )
         K.axis_cast_2d_kernel[(programs,)](
             x,
             row_amax,
@@ -312,6 +313,32 @@ def _axis_2d(x, view, fmt, pow2, rows: bool, cols: bool, cols_t: bool = False):
             **_element_args(fmt, x),
         )
     return [(row_codes, row_scale) if rows else None, (col_codes, col_scale) if cols else None]
+
+
+def _axis_amax_2d(x, view, row_amax, col_amax, rows: bool, cols: bool) -> None:
+    """The amax pass of `_axis_2d`: atomic maxima of |x| bits into the row and/or column
+    maxima, in tiles of `_AMAX_TILE`, stacked `_AMAX_ROW_TILES` high for the columns."""
+    _, r, c = view
+    tile = _AMAX_TILE or _TILE_COLS
+    block_r, block_c = min(tile[0], _pow2_at_least(r)), min(tile[1], _pow2_at_least(c))
+    stack = min(_AMAX_ROW_TILES, _grid_2d(view, block_r, block_c)[1])
+    stack = 1 << (stack.bit_length() - 1)  # a power of two, so the stack is a tile
+    programs, tiles_r, tiles_c = _grid_2d(view, block_r * stack, block_c)
+    K.axis_amax_2d_kernel[(programs,)](
+        x,
+        row_amax,
+        col_amax,
+        r,
+        c,
+        tiles_r,
+        tiles_c,
+        ROW_TILES=stack,
+        ROWS=rows,
+        COLS=cols,
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
+        num_warps=_warps(block_r * block_c, _COLS_ELEMENTS_PER_THREAD),
+    )
 
 
 def _col_codes(x, view, cols: bool, cols_t: bool) -> torch.Tensor:

@@ -54,6 +54,7 @@ SMALL_TILES = {
     "_TILE": (4, 16),
     "_TILE_COLS": (4, 16),
     "_AMAX_ROW_TILES": 2,
+    "_AMAX_TILE": (2, 32),  # the column-amax pass in tiles of its own, unlike the cast's
 }
 
 
