@@ -11,7 +11,10 @@ no nnx equivalent).
 
 The timed function is jitted `y, vjp = jax.vjp(apply, variables, x); vjp(dy)`, returning
 y and every gradient, with a random cotangent dy: with `sum(y)` as the loss XLA turns
-the backward GEMMs into reductions, and an unused y drops the forward GEMM.
+the backward GEMMs into reductions, and an unused y drops the forward GEMM. bf16,
+flax's and lowp's float8 steps are timed side by side (`measure_interleaved`): the
+H200's clocks under a sustained GEMM load drift over a run, and flax's row and lowp's
+should see the same drift.
 """
 
 import time
@@ -48,11 +51,10 @@ def inputs(m: int, k: int, n: int) -> tuple:
     )
 
 
-def measure(impl: str, recipe: str | None, tensors, timing: _timing.Timing) -> dict:
-    """One row: the median time of the jitted forward + backward."""
+def compile_step(impl: str, recipe: str | None, tensors):
+    """(compiled forward + backward, its arguments, compile seconds) of one variant."""
     x, dy = tensors
-    (m, k), n = x.shape, dy.shape[1]
-    dense = make_dense(impl, recipe, n)
+    dense = make_dense(impl, recipe, dy.shape[1])
     # Every variant gets the same kernel: init draws it from the same key.
     variables = dense.init(jax.random.key(1), x)
 
@@ -62,28 +64,59 @@ def measure(impl: str, recipe: str | None, tensors, timing: _timing.Timing) -> d
 
     start = time.perf_counter()
     compiled = jax.jit(fwd_bwd).lower(variables, x, dy).compile()
-    compile_s = time.perf_counter() - start
-    hlo = compiled.as_text()
-    result = _timing.time_jax(compiled, (variables, x, dy), timing)
-    row = {
-        "M": m,
-        "K": k,
-        "N": n,
-        "impl": impl,
-        "recipe": recipe or impl,
-        "ms": round(result.ms, 4),
-        "tflops": round(6 * m * k * n / (result.ms * 1e-3) / 1e12, 2),
-        "compile_s": round(compile_s, 2),
-        "iters": result.iters,
-        # How many cuBLASLt fp8 GEMMs XLA emitted: 3 for a fully fp8 recipe on a GPU,
-        # 0 where the dots are emulated (CPU, MX on Hopper).
-        "fp8_gemms_in_hlo": sum(
-            f'custom_call_target="{FP8_GEMM}"' in line for line in hlo.splitlines()
-        ),
-    }
-    if impl == "lowp":
-        row["numerics_only"] = row["fp8_gemms_in_hlo"] == 0
-    return row
+    return compiled, (variables, x, dy), time.perf_counter() - start
+
+
+def measure(impl: str, recipe: str | None, tensors, timing: _timing.Timing) -> dict:
+    """One row: the median time of the jitted forward + backward."""
+    return measure_interleaved([(impl, recipe)], tensors, timing)[0]
+
+
+def measure_interleaved(variants, tensors, timing: _timing.Timing) -> list[dict]:
+    """One row per (impl, recipe) variant, all timed side by side
+    (`_timing.time_interleaved`), so that flax's row and lowp's see the same clocks."""
+    x, dy = tensors
+    (m, k), n = x.shape, dy.shape[1]
+    steps = [compile_step(impl, recipe, tensors) for impl, recipe in variants]
+    outputs = [[] for _ in steps]
+
+    def runner(compiled, args, out):
+        def call():
+            out[:] = [compiled(*args)]
+
+        return call
+
+    measured = _timing.time_interleaved(
+        [runner(c, a, out) for (c, a, _), out in zip(steps, outputs, strict=True)],
+        lambda: jax.block_until_ready(outputs),
+        timing,
+    )
+    rows = []
+    for (impl, recipe), (compiled, _, compile_s), result in zip(
+        variants, steps, measured, strict=True
+    ):
+        row = {
+            "M": m,
+            "K": k,
+            "N": n,
+            "impl": impl,
+            "recipe": recipe or impl,
+            "ms": round(result.ms, 4),
+            "tflops": round(6 * m * k * n / (result.ms * 1e-3) / 1e12, 2),
+            "compile_s": round(compile_s, 2),
+            "iters": result.iters,
+            # How many cuBLASLt fp8 GEMMs XLA emitted: 3 for a fully fp8 recipe on a
+            # GPU, 0 where the dots are emulated (CPU, MX on Hopper).
+            "fp8_gemms_in_hlo": compiled.as_text().count(f'custom_call_target="{FP8_GEMM}"'),
+        }
+        if len(variants) > 1:
+            row["timed_with"] = [
+                f"{i} {r}" if r else i for i, r in variants if (i, r) != (impl, recipe)
+            ]
+        if impl == "lowp":
+            row["numerics_only"] = row["fp8_gemms_in_hlo"] == 0
+        rows.append(row)
+    return rows
 
 
 def format_row(row: dict) -> str:
