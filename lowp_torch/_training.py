@@ -276,7 +276,7 @@ def linear(
     """
     device_type = x.device.type
     if in_high_precision(x, weight, recipe, lowering):
-        return _high_precision_linear(x, weight, bias, main_grad)
+        return _high_precision_linear(x, weight, bias, main_grad, device_type)
     if torch.is_autocast_enabled(device_type):
         x = x.to(torch.get_autocast_dtype(device_type))
     grad_enabled = torch.is_grad_enabled()
@@ -322,13 +322,12 @@ def fp8_kernels_run(recipe, device: torch.device, lowering: Lowering) -> bool:
     return 10 * major + minor >= (100 if block_scaled else 89)
 
 
-def _high_precision_linear(x, weight, bias, main_grad):
+def _high_precision_linear(x, weight, bias, main_grad, device_type: str):
     """The layer in high precision (what the small-shape policy falls back to): every
     GEMM in x's dtype (autocast's, under autocast), accumulated in float32 and rounded
     once, as the recipes' high-precision GEMMs and lowp_jax's fallback run; dw in the
     weight's dtype, or added into `main_grad` in float32. Where x and the weight share
     a dtype and nothing else applies, that is `F.linear` itself, the float layer's call."""
-    device_type = x.device.type
     if main_grad is None and weight.dtype == x.dtype and not torch.is_autocast_enabled(device_type):
         return F.linear(x, weight, bias)
     if torch.is_autocast_enabled(device_type):
