@@ -119,7 +119,6 @@ TUNE_GRID["tensorwise_e5m2"] = TUNE_GRID["tensorwise"]
 # its amax pass's tile is tried apart from it (`_triton_casts._AMAX_TILE`).
 _AMAX_TILES = (None, (32, 256), (16, 512), (64, 256), (128, 128))
 TUNE_GRID["rowwise_both"] = {"_AMAX_TILE": _AMAX_TILES, "_AMAX_ROW_TILES": (4, 16)}
-TUNE_GRID["rowwise_axis0"] = TUNE_GRID["rowwise_both"]
 TUNE_GRID["mxfp8_both"] = TUNE_GRID["mxfp8_axis0"]
 
 

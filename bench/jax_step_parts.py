@@ -41,13 +41,16 @@ RECIPES = ("float8_tensorwise", "float8_rowwise", "float8_rowwise_gw_hp")
 SHAPES = ((16384, 4096, 14336), (16384, 8192, 8192))
 A_BT = (((1,), (1,)), ((), ()))
 GEMMS = ("forward", "dgrad", "wgrad")
+FORMS = ("codes", "dequantize")  # lowp_jax's _dot.TENSORWISE_FORM values
 
 
 def step_call(impl: str, recipe: str | None, x, w, dy, form: str = "codes"):
     """The compiled forward + backward of `jax_training` and its arguments, with the
     kernel `w` (N, K) as the layer's (K, N) parameter; `form`: lowp_jax's
     `_dot.TENSORWISE_FORM` while it is traced."""
-    dense = jax_training.make_dense(impl, recipe, w.shape[0])
+    # small_shapes="quantize": the parts are the recipe's, so the step must be too, at
+    # any shape (a small one would run in high precision on a GPU under "auto").
+    dense = jax_training.make_dense(impl, recipe, w.shape[0], small_shapes="quantize")
     variables = dense.init(jax.random.key(1), x)
     params = dict(variables["params"], kernel=w.T)
     variables = {**variables, "params": params}
@@ -196,16 +199,18 @@ def main(argv=None):
     parser.add_argument(
         "--tensorwise-forms",
         default="codes",
-        help="comma list of lowp_jax _dot.TENSORWISE_FORM values: float8_tensorwise's step "
-        "is also timed in each form after the first (codes, dequantize)",
+        help="codes, or codes,dequantize: float8_tensorwise's step is also timed with "
+        "lowp_jax's _dot.TENSORWISE_FORM set to each form after codes",
     )
-    parser.add_argument("--out", help="JSON rows here")
+    parser.add_argument("--out", help="JSON rows here, rewritten after each shape")
     args = parser.parse_args(argv)
+    forms = tuple(args.tensorwise_forms.split(","))
+    if forms[0] != "codes" or not set(forms) <= set(FORMS):
+        parser.error(f"--tensorwise-forms: codes first, then any of {FORMS}; got {forms}")
     timing = _timing.Timing(warmup=3, repeats=args.repeats, target_s=0.05)
     rows = []
     for shape in args.shapes.split(","):
         m, k, n = (int(v) for v in shape.split("x"))
-        forms = tuple(args.tensorwise_forms.split(","))
         shape_rows = measure_shape(m, k, n, args.recipes.split(","), timing, forms)
         print(format_rows(shape_rows), flush=True)
         for row in shape_rows:
@@ -216,9 +221,9 @@ def main(argv=None):
                     flush=True,
                 )
         rows += shape_rows
-    if args.out:
-        meta = {"jax": jax.__version__, "device": jax.devices()[0].device_kind}
-        pathlib.Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        if args.out:  # after each shape: a run cut short keeps what it measured
+            meta = {"jax": jax.__version__, "device": jax.devices()[0].device_kind}
+            pathlib.Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

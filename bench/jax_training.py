@@ -30,11 +30,15 @@ from bench import _timing
 FP8_GEMM = "__cublas$lt$matmul$f8"
 
 
-def make_dense(impl: str, recipe: str | None, n: int) -> nn.Dense:
+def make_dense(impl: str, recipe: str | None, n: int, small_shapes: str = "auto") -> nn.Dense:
+    """A bias-free bf16 Dense of `n` features with the impl's dot; `small_shapes`:
+    lowp's small-shape policy ("quantize" runs the recipe at any shape)."""
     if impl == "bf16":
         dot = {}
     elif impl == "lowp":
-        dot = {"dot_general_cls": lowp_jax.training_dot_general_cls(recipe)}
+        dot = {
+            "dot_general_cls": lowp_jax.training_dot_general_cls(recipe, small_shapes=small_shapes)
+        }
     elif impl == "flax_fp8":
         dot = {"dot_general_cls": fp8_ops.Fp8DirectDotGeneralOp}
     else:
@@ -72,12 +76,28 @@ def measure(impl: str, recipe: str | None, tensors, timing: _timing.Timing) -> d
     return measure_interleaved([(impl, recipe)], tensors, timing)[0]
 
 
-def measure_interleaved(variants, tensors, timing: _timing.Timing) -> list[dict]:
+def measure_interleaved(variants, tensors, timing: _timing.Timing, on_error=None) -> list[dict]:
     """One row per (impl, recipe) variant, all timed side by side
-    (`_timing.time_interleaved`), so that flax's row and lowp's see the same clocks."""
+    (`_timing.time_interleaved`), so that flax's row and lowp's see the same clocks.
+
+    on_error(variant, exception): called for a variant that fails to compile or run,
+    which then has no row while the others are timed; without it, the exception
+    propagates."""
     x, dy = tensors
     (m, k), n = x.shape, dy.shape[1]
-    steps = [compile_step(impl, recipe, tensors) for impl, recipe in variants]
+    kept, steps = [], []
+    for variant in variants:
+        try:
+            step = compile_step(*variant, tensors)
+            jax.block_until_ready(step[0](*step[1]))  # a failure to run belongs here too
+        except Exception as e:  # reported through on_error; the other variants go on
+            if on_error is None:
+                raise
+            on_error(variant, e)
+            continue
+        kept.append(variant)
+        steps.append(step)
+    variants = kept
     outputs = [[] for _ in steps]
 
     def runner(compiled, args, out):

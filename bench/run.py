@@ -283,12 +283,20 @@ def jax_section(ctx: Context, sec: _record.Section) -> None:
     for with_baselines, recipes in ctx.by_priority():
         for m, k, n in ctx.sizes.linear:
             tensors = jax_training.inputs(m, k, n)
+            shape = f"{m}x{k}x{n}"
             if with_baselines:  # bf16, flax's fp8 and the float8 recipes side by side
+
+                def failed(variant, error, shape=shape):
+                    impl, recipe = variant
+                    sec.fail(f"{shape} {impl} {recipe or ''}", error)
+
                 variants = [("bf16", None), ("flax_fp8", None)] + [("lowp", r) for r in recipes]
                 sec.item(
-                    f"{m}x{k}x{n} bf16, flax_fp8 and the float8 recipes",
-                    lambda variants=variants, tensors=tensors: jax_training.measure_interleaved(
-                        variants, tensors, ctx.sizes.timing
+                    f"{shape} bf16, flax_fp8 and the float8 recipes",
+                    lambda variants=variants, tensors=tensors, failed=failed: (
+                        jax_training.measure_interleaved(
+                            variants, tensors, ctx.sizes.timing, failed
+                        )
                     ),
                 )
                 continue

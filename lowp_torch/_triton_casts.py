@@ -54,9 +54,9 @@ _COLS_ELEMENTS_PER_THREAD = 32
 _AMAX_ROW_TILES = 4  # column maxima: tiles a program stacks per atomic, at most
 # The amax pass of AxisScaling's column groups stores no codes, so its tile need not be
 # the cast's: a wider one takes fewer row-maximum atomics a row (C / BLOCK_C of them).
-# None: _TILE_COLS. On the H200 at 16384^2 this pass took 0.35 ms of the 0.83 ms that
-# float8_rowwise's casts cost a 16384x4096x14336 step (bench/results/h200_profile_linear_i.txt),
-# against 0.18 ms for its bytes; `bench/casts.py --tune --rows rowwise_both` tries others.
+# None: _TILE_COLS. On the H200 this pass (over x, w and dy) took 0.35 ms of the 0.84 ms
+# of casts in a float8_rowwise 16384x4096x14336 step (bench/results/h200_profile_linear_i.txt),
+# against 0.17 ms for its bytes; `bench/casts.py --tune --rows rowwise_both` tries others.
 _AMAX_TILE = None
 
 

@@ -55,6 +55,7 @@ def test_summary_has_the_issue_form(small_run):
     control = summary["small_shapes_bf16_control_vs_bf16"]
     assert list(control) == ["eager"] and set(control["eager"]) == {"16x128x128", "64x128x128"}
     assert summary["slowest_bf16_control_vs_bf16"] == min(control["eager"].values()) > 0
+    assert summary["fastest_bf16_control_vs_bf16"] == max(control["eager"].values())
     assert "mxfp8" in summary["numerics_only"]  # CPU: every GEMM emulated
     assert set(summary["memory_peak"]) == {"bf16", "float8_rowwise", "mxfp8"}
 
@@ -109,6 +110,27 @@ def test_a_failing_item_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     assert [r["impl"] for r in sweep["rows"]] == ["bf16", "bf16_control"] * 2
     assert [e["error"] for e in sweep["errors"]] == ["RuntimeError: planted"] * 2
     assert result["summary"]["incomplete"] == {"sweep": {"skipped": 0, "errors": 2}}
+
+
+def test_a_failing_jax_variant_is_recorded_and_the_others_are_timed(tmp_path, monkeypatch):
+    pytest.importorskip("flax")
+    from bench import jax_training
+
+    real = jax_training.compile_step
+
+    def compile_step(impl, recipe, tensors):
+        if impl == "flax_fp8":
+            raise RuntimeError("planted")
+        return real(impl, recipe, tensors)
+
+    monkeypatch.setattr(jax_training, "compile_step", compile_step)
+    argv = ["--small", "--sections", "jax", "--recipes", "float8_tensorwise"]
+    result = run.main(argv + ["--out", str(tmp_path / "run.json")])
+    jax_section = result["sections"]["jax"]
+    assert [r["impl"] for r in jax_section["rows"]] == ["bf16", "lowp"]
+    assert jax_section["rows"][0]["timed_with"] == ["lowp float8_tensorwise"]
+    assert [e["item"] for e in jax_section["errors"]] == ["64x128x256 flax_fp8 "]
+    assert [e["error"] for e in jax_section["errors"]] == ["RuntimeError: planted"]
 
 
 def test_a_spent_time_budget_skips_and_says_so(tmp_path):
