@@ -51,6 +51,25 @@ class Measured:
     iters: int
 
 
+def build_each(variants, build, on_error=None) -> tuple[list, list]:
+    """(the variants built, what `build(variant)` returned for each), for timing side by
+    side: a variant whose build raises (a layer that fails to compile or run) is left
+    out and handed to on_error(variant, exception), so that the others are still timed;
+    without on_error the exception propagates."""
+    kept, built = [], []
+    for variant in variants:
+        try:
+            result = build(variant)
+        except Exception as e:  # reported through on_error; the other variants go on
+            if on_error is None:
+                raise
+            on_error(variant, e)
+            continue
+        kept.append(variant)
+        built.append(result)
+    return kept, built
+
+
 def time_calls(fn, sync, timing: Timing) -> Measured:
     """Time `fn()`, with `sync()` waiting for the device's queued work."""
     return time_interleaved([fn], sync, timing)[0]

@@ -85,19 +85,13 @@ def measure_interleaved(variants, tensors, timing: _timing.Timing, on_error=None
     propagates."""
     x, dy = tensors
     (m, k), n = x.shape, dy.shape[1]
-    kept, steps = [], []
-    for variant in variants:
-        try:
-            step = compile_step(*variant, tensors)
-            jax.block_until_ready(step[0](*step[1]))  # a failure to run belongs here too
-        except Exception as e:  # reported through on_error; the other variants go on
-            if on_error is None:
-                raise
-            on_error(variant, e)
-            continue
-        kept.append(variant)
-        steps.append(step)
-    variants = kept
+
+    def build(variant):
+        step = compile_step(*variant, tensors)
+        jax.block_until_ready(step[0](*step[1]))  # a failure to run belongs here too
+        return step
+
+    variants, steps = _timing.build_each(variants, build, on_error)
     outputs = [[] for _ in steps]
 
     def runner(compiled, args, out):

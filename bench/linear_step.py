@@ -108,25 +108,21 @@ def measure_interleaved(
     propagates."""
     x, weight, dy = tensors
     (m, k), n = x.shape, weight.shape[0]
-    kept, calls, decisions = [], [], []
-    for variant in variants:
+
+    def build(variant):
         impl, recipe = variant
-        try:
-            layer = make_layer(impl, recipe, weight)
-            # one eager call tells which kernels run (also when compiled)
-            decided = _torch_log.lowp_decisions(fwd_bwd(layer, x, dy)) if impl == "lowp" else None
-            if mode == "compiled":
-                layer = torch.compile(layer, backend=backend, dynamic=False)
-            call = fwd_bwd(layer, x, dy)
-            call()  # a failure to compile belongs to this variant
-        except Exception as e:  # reported through on_error; the other variants go on
-            if on_error is None:
-                raise
-            on_error(variant, e)
-            continue
-        kept.append(variant)
-        calls.append(call)
-        decisions.append(decided)
+        layer = make_layer(impl, recipe, weight)
+        # one eager call tells which kernels run (also when compiled)
+        decided = _torch_log.lowp_decisions(fwd_bwd(layer, x, dy)) if impl == "lowp" else None
+        if mode == "compiled":
+            layer = torch.compile(layer, backend=backend, dynamic=False)
+        call = fwd_bwd(layer, x, dy)
+        call()  # a failure to compile belongs to this variant
+        return call, decided
+
+    kept, built = _timing.build_each(variants, build, on_error)
+    calls = [call for call, _ in built]
+    decisions = [decided for _, decided in built]
     measured = _timing.time_interleaved(calls, _timing.torch_sync(x.device), timing, same_iters)
     rows = []
     for (impl, recipe), result, decided in zip(kept, measured, decisions, strict=True):
