@@ -136,6 +136,29 @@ def _encode_elements(v_bits, fmt, random, poisoned_elements) -> jax.Array:
     return _jax_rounding.round_elements(b, fmt, random)
 
 
+def _flushed(x) -> tuple[jax.Array, jax.Array]:
+    """(xf, |x| patterns): x as float32 with subnormals flushed (spec §0.2), and the
+    uint32 patterns of its magnitudes (an exact, NaN-aware key for maxima)."""
+    xb = _bits.ftz_bits(_dtypes.to_f32_bits(x))
+    return _bits.from_bits(xb), xb & _bits.ABS
+
+
+def _group_amax(absb, scheme) -> tuple[jax.Array, jax.Array]:
+    """(amax, poisoned) of each group of `scheme`, in its plain scale shape: the largest
+    |x| pattern, 0 in a poisoned group, and whether the group holds a NaN or Inf."""
+    amax_bits = _groups.group_max(absb, scheme)
+    poisoned = amax_bits >= _bits.INF_BITS
+    return jnp.where(poisoned, np.uint32(0), amax_bits), poisoned
+
+
+def _float_group_scales(absb, scheme, fmt) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(m, scale, poisoned) of each group of a float-scaled scheme (spec §3.1, §6): the
+    encode multiplier, the stored decode scale (NaN for a poisoned group), poisoned."""
+    amax_bits, poisoned = _group_amax(absb, scheme)
+    m, d = _float_scales(amax_bits, fmt, scheme.pow2)
+    return m, jnp.where(poisoned, _bits.from_bits(_bits.NAN_BITS), d), poisoned
+
+
 def _float_scales(amax_bits, fmt, pow2: bool) -> tuple[jax.Array, jax.Array]:
     """Encode multiplier m and stored decode scale d (spec §3.1), both exact divisions."""
     m = _exact.div_rn(np.float32(fmt.max), _bits.from_bits(jnp.maximum(amax_bits, _EPS_BITS)))
@@ -222,31 +245,24 @@ def _quantize(x, random, seed, offset, *, scheme) -> _qarray.QArray:
     shape = tuple(x.shape)
     if seed is not None:
         random = _jax_rounding.random_bits(seed, shape, offset)
-    xb = _bits.ftz_bits(_dtypes.to_f32_bits(x))
-    xf = _bits.from_bits(xb)
-    absb = xb & _bits.ABS
+    xf, absb = _flushed(x)
     fmt = _formats.element_format(scheme.fmt)
-    amax_bits = _groups.group_max(absb, scheme)
-    poisoned = amax_bits >= _bits.INF_BITS
-    poisoned_elements = _groups.expand(poisoned, scheme, shape)
-    amax_bits_finite = jnp.where(poisoned, np.uint32(0), amax_bits)
     global_scale = None
 
     if isinstance(scheme, (lowp.TensorScaling, lowp.AxisScaling, lowp.BlockScaling)):
-        m, d = _float_scales(amax_bits_finite, fmt, scheme.pow2)
+        m, scale, poisoned = _float_group_scales(absb, scheme, fmt)
         codes = _float_scaled_codes(x, xf, m, poisoned, scheme, fmt, random)
-        scale = jnp.where(poisoned, _bits.from_bits(_bits.NAN_BITS), d)
     elif isinstance(scheme, lowp.MXScaling):
+        amax_bits, poisoned = _group_amax(absb, scheme)
         s = jnp.where(poisoned, 0xFF, _mx_scale_bytes(amax_bits, fmt, scheme.mode))
         # 2**(127 - s) is a normal float32 for every finite-group byte s in [0, 253].
         exponent = 127 - jnp.where(poisoned, 127, s)
         v = _bits.ftz_bits(_bits.bits(xf * _bits.pow2(_groups.expand(exponent, scheme, shape))))
-        codes = _encode_elements(v, fmt, random, poisoned_elements)
+        codes = _encode_elements(v, fmt, random, _groups.expand(poisoned, scheme, shape))
         scale = _qarray.store(s.astype(jnp.uint8), "float8_e8m0fnu")
     elif isinstance(scheme, lowp.NVFP4Scaling):
-        codes, scale, global_scale = _quantize_nvfp4(
-            xf, absb, scheme, random, amax_bits_finite, poisoned
-        )
+        amax_bits, poisoned = _group_amax(absb, scheme)
+        codes, scale, global_scale = _quantize_nvfp4(xf, absb, scheme, random, amax_bits, poisoned)
     else:
         raise TypeError(f"not a lowp scheme: {scheme!r}")
 
