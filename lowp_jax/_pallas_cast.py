@@ -25,6 +25,13 @@ that form against `lowp.quantize`; the GPU conformance run checks the PTX one.
 The tensor is viewed as (R, C) with C its last axis, and the multiplier as (1, 1)
 (TensorScaling) or (R, 1) (AxisScaling along the last axis). Tiles are powers of two
 with masked edges, so any R and C work.
+
+The transposed cast (`transposed=True`) is the codes of x.T for one scale per column of
+x (AxisScaling along x.T's last axis, what the training backward asks of x, dy and w):
+each program reads a tile of x in its own (R, C) layout with the (1, tile) multipliers
+of its columns, encodes it as above and stores the tile transposed into the (C, R)
+codes (Triton stages it through shared memory), so x is never copied transposed in
+high precision.
 """
 
 import functools
@@ -48,29 +55,37 @@ _FLOAT8 = {"float8_e4m3fn": jnp.float8_e4m3fn, "float8_e5m2": jnp.float8_e5m2}
 TILE_ELEMENTS = 4096  # elements a program encodes
 WARPS = 4
 _MAX_TILE_COLS = 1024
+# (rows, cols) of x a program of the transposed cast encodes, at most: lowp_torch's
+# transposed column cast took (64, 64) tiles of 4 warps on the H200
+# (`lowp_torch._triton_casts._TILE_COLS`); untuned here.
+TRANSPOSED_TILE = (64, 64)
 
 
 # Off: every cast goes through XLA (for measuring the two side by side).
 ENABLED = True
 
 
-def applies(scheme: lowp.Scheme, fmt_name: str, shape: tuple[int, ...]) -> bool:
+def applies(
+    scheme: lowp.Scheme, fmt_name: str, shape: tuple[int, ...], *, transposed: bool = False
+) -> bool:
     """Whether a nearest-rounding cast of `shape` with `scheme` may take the kernel when
     lowered for CUDA: a float8 format, one scale for the tensor or per row of the last
-    axis, fewer than 2**31 elements (the kernel's offsets are int32), every GPU of this
-    machine sm_90+, and not inside `shard_map` (its per-device values carry types the
-    kernel's output would have to repeat; XLA's cast runs there instead)."""
+    axis (with `transposed`: one per column, AxisScaling along axis -2, the codes written
+    transposed), fewer than 2**31 elements (the kernel's offsets are int32), every GPU
+    of this machine sm_90+, and not inside `shard_map` (its per-device values carry types
+    the kernel's output would have to repeat; XLA's cast runs there instead)."""
     if not ENABLED or fmt_name not in _FLOAT8 or not shape:
         return False
     if not 0 < math.prod(shape) < 2**31:
         return False
     if isinstance(scheme, lowp.AxisScaling):
+        grouped_axis = len(shape) - (2 if transposed else 1)
         if (
             len(shape) < 2
-            or _schemes.normalize_axis(scheme.axis, len(shape), scheme) != len(shape) - 1
+            or _schemes.normalize_axis(scheme.axis, len(shape), scheme) != grouped_axis
         ):
             return False
-    elif not isinstance(scheme, lowp.TensorScaling):
+    elif transposed or not isinstance(scheme, lowp.TensorScaling):
         return False
     if jax.sharding.get_abstract_mesh().manual_axes:
         return False
@@ -85,6 +100,11 @@ def tiles(cols: int) -> tuple[int, int]:
     """(rows, cols) of a program's tile for rows of `cols` elements."""
     tile_c = min(_next_pow2(cols), _MAX_TILE_COLS)
     return max(TILE_ELEMENTS // tile_c, 1), tile_c
+
+
+def transposed_tiles(rows: int, cols: int) -> tuple[int, int]:
+    """(rows, cols) of x in a program's tile of the transposed cast of (rows, cols)."""
+    return min(_next_pow2(rows), TRANSPOSED_TILE[0]), min(_next_pow2(cols), TRANSPOSED_TILE[1])
 
 
 def _mul_ftz(x, m):
@@ -104,95 +124,150 @@ def _mul_ftz_spelled(x, m, fmt_max):
     return jnp.clip(v, -fmt_max, fmt_max)
 
 
-def _kernel(x_ref, m_ref, codes_ref, *, rows, cols, tile, per_row, native, fmt_max, dtype):
+def _encode(x, m, *, native, fmt_max, dtype):
+    """The float8 codes of a loaded tile x for its multipliers m (broadcast over the
+    tile): ftz(ftz(x) * m) rounded to `dtype`, code 0 where m is NaN (a poisoned group)."""
+    x = x.astype(jnp.float32)
+    v = _mul_ftz(x, m) if native else _mul_ftz_spelled(x, m, fmt_max)
+    v = jnp.where(jnp.broadcast_to(jnp.isnan(m), v.shape), 0.0, v)
+    return v.astype(dtype)
+
+
+def _kernel(x_ref, m_ref, codes_ref, *, rows, cols, tile, per_row, encode):
     i, j = pl.program_id(0), pl.program_id(1)
     tile_r, tile_c = tile
     r = i * tile_r + jnp.arange(tile_r)
     c = j * tile_c + jnp.arange(tile_c)
     mask = (r[:, None] < rows) & (c[None, :] < cols)
     block = (pl.ds(i * tile_r, tile_r), pl.ds(j * tile_c, tile_c))
-    x = plgpu.load(x_ref.at[block], mask=mask, other=0).astype(jnp.float32)
+    x = plgpu.load(x_ref.at[block], mask=mask, other=0)
     if per_row:
         m = plgpu.load(m_ref.at[pl.ds(i * tile_r, tile_r), pl.ds(0, 1)], mask=r[:, None] < rows)
     else:
         m = plgpu.load(m_ref.at[pl.ds(0, 1), pl.ds(0, 1)])
-    v = _mul_ftz(x, m) if native else _mul_ftz_spelled(x, m, fmt_max)
-    v = jnp.where(jnp.broadcast_to(jnp.isnan(m), v.shape), 0.0, v)  # a poisoned group
-    plgpu.store(codes_ref.at[block], v.astype(dtype), mask=mask)
+    plgpu.store(codes_ref.at[block], encode(x, m), mask=mask)
 
 
-def _cast_local(x, multiplier, fmt_name: str, fmt_max: float, native: bool):
-    """The kernel over x viewed as (R, C) with the multiplier as (1, 1) or (R, 1)."""
+def _transposed_kernel(x_ref, m_ref, codes_ref, *, rows, cols, tile, encode):
+    """Tile (i, j) of matrix b of x (batch, rows, cols), each column encoded with its
+    multiplier (batch, 1, cols), stored transposed into the codes (batch, cols, rows)."""
+    b, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    tile_r, tile_c = tile
+    r = i * tile_r + jnp.arange(tile_r)
+    c = j * tile_c + jnp.arange(tile_c)
+    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    row_block, col_block = pl.ds(i * tile_r, tile_r), pl.ds(j * tile_c, tile_c)
+    x = plgpu.load(x_ref.at[b, row_block, col_block], mask=mask, other=0)
+    m = plgpu.load(m_ref.at[b, pl.ds(0, 1), col_block], mask=c[None, :] < cols)
+    codes = encode(x, m)
+    plgpu.store(codes_ref.at[b, col_block, row_block], codes.T, mask=mask.T)
+
+
+def _codes_shape(shape: tuple[int, ...], transposed: bool) -> tuple[int, ...]:
+    """The codes' shape: x's, or with `transposed` x's with its last two axes swapped."""
+    return shape[:-2] + (shape[-1], shape[-2]) if transposed else shape
+
+
+def _group_multiplier_shape(shape: tuple[int, ...], transposed: bool) -> tuple[int, ...]:
+    """The multiplier's shape for one scale per row of x, or with `transposed` per column."""
+    return shape[:-2] + (1, shape[-1]) if transposed else shape[:-1] + (1,)
+
+
+def _cast_local(x, multiplier, fmt_name: str, fmt_max: float, native: bool, transposed: bool):
+    """The kernel over x viewed as (R, C) with the multiplier as (1, 1) or (R, 1); with
+    `transposed`, over x viewed as (B, R, C) with the multiplier as (B, 1, C), writing
+    codes (B, C, R)."""
     shape = x.shape
-    if x.size == 0:  # an empty shard, or an empty batch under vmap: no program to launch
-        return jnp.zeros(shape, _FLOAT8[fmt_name])
-    cols = shape[-1]
-    x2 = x.reshape(-1, cols)
-    rows = x2.shape[0]
-    per_row = multiplier.size > 1
-    tile = tiles(cols)
     dtype = _FLOAT8[fmt_name]
-    kernel = functools.partial(
-        _kernel,
-        rows=rows,
-        cols=cols,
-        tile=tile,
-        per_row=per_row,
-        native=native,
-        fmt_max=np.float32(fmt_max),
-        dtype=dtype,
-    )
+    if x.size == 0:  # an empty shard, or an empty batch under vmap: no program to launch
+        return jnp.zeros(_codes_shape(shape, transposed), dtype)
+    encode = functools.partial(_encode, native=native, fmt_max=np.float32(fmt_max), dtype=dtype)
+    if transposed:
+        rows, cols = shape[-2:]
+        x = x.reshape(-1, rows, cols)
+        multiplier = multiplier.reshape(-1, 1, cols)
+        tile = transposed_tiles(rows, cols)
+        kernel = functools.partial(
+            _transposed_kernel, rows=rows, cols=cols, tile=tile, encode=encode
+        )
+        grid = (x.shape[0], pl.cdiv(rows, tile[0]), pl.cdiv(cols, tile[1]))
+        codes_view, name = (x.shape[0], cols, rows), "lowp_float8_cast_transposed"
+    else:
+        cols = shape[-1]
+        x = x.reshape(-1, cols)
+        rows = x.shape[0]
+        per_row = multiplier.size > 1
+        multiplier = multiplier.reshape(-1, 1)
+        tile = tiles(cols)
+        kernel = functools.partial(
+            _kernel, rows=rows, cols=cols, tile=tile, per_row=per_row, encode=encode
+        )
+        grid = (pl.cdiv(rows, tile[0]), pl.cdiv(cols, tile[1]))
+        codes_view, name = (rows, cols), "lowp_float8_cast"
     codes = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((rows, cols), dtype),
-        grid=(pl.cdiv(rows, tile[0]), pl.cdiv(cols, tile[1])),
+        out_shape=jax.ShapeDtypeStruct(codes_view, dtype),
+        grid=grid,
         interpret=not native,
         compiler_params=plgpu.CompilerParams(num_warps=WARPS, num_stages=1),
-        name="lowp_float8_cast",
-    )(x2, multiplier.reshape(-1, 1))
-    return codes.reshape(shape)
+        name=name,
+    )(x, multiplier)
+    return codes.reshape(_codes_shape(shape, transposed))
 
 
 # --- sharding: the cast is elementwise, so each device casts its own shard -------------
 # Without these rules XLA would gather a sharded input onto every device for the kernel.
 
 
-def _specs(x_sharding, ndim: int, per_row: bool):
-    """(x's spec, the multiplier's): x keeps its sharding and the multiplier follows its
-    rows; a sharding with no mesh axes to name (not a NamedSharding) is replicated."""
+def _specs(x_sharding, ndim: int, per_group: bool, transposed: bool):
+    """(x's spec, the multiplier's, the codes'): x keeps its sharding, the multiplier
+    follows its rows (with `transposed`: its columns) or is replicated (one element),
+    and the codes are sharded as x (with `transposed`: its last two axes swapped). A
+    sharding with no mesh axes to name (not a NamedSharding) is replicated."""
     x_spec = tuple(x_sharding.spec) if isinstance(x_sharding, NamedSharding) else ()
     x_spec = x_spec + (None,) * (ndim - len(x_spec))
-    m_spec = x_spec[:-1] + (None,) if per_row else (None,) * ndim
-    return P(*x_spec), P(*m_spec)
+    if transposed:
+        lead, rows, cols = x_spec[:-2], x_spec[-2], x_spec[-1]
+        return P(*x_spec), P(*lead, None, cols), P(*lead, cols, rows)
+    m_spec = x_spec[:-1] + (None,) if per_group else (None,) * ndim
+    return P(*x_spec), P(*m_spec), P(*x_spec)
 
 
-def _infer_sharding(fmt_name, fmt_max, native, mesh, arg_shapes, result_shape):
+def _infer_sharding(fmt_name, fmt_max, native, transposed, mesh, arg_shapes, result_shape):
     x = arg_shapes[0]
-    x_spec, _ = _specs(x.sharding, len(x.shape), False)
-    return NamedSharding(mesh, x_spec)
+    *_, codes_spec = _specs(x.sharding, len(x.shape), False, transposed)
+    return NamedSharding(mesh, codes_spec)
 
 
-def _partition(fmt_name, fmt_max, native, mesh, arg_shapes, result_shape):
+def _partition(fmt_name, fmt_max, native, transposed, mesh, arg_shapes, result_shape):
     x, m = arg_shapes
-    x_spec, m_spec = _specs(x.sharding, len(x.shape), math.prod(m.shape) > 1)
+    x_spec, m_spec, codes_spec = _specs(
+        x.sharding, len(x.shape), math.prod(m.shape) > 1, transposed
+    )
 
     def lower(x, m):
-        return _cast_local(x, m, fmt_name, fmt_max, native)
+        return _cast_local(x, m, fmt_name, fmt_max, native, transposed)
 
     shardings = (NamedSharding(mesh, x_spec), NamedSharding(mesh, m_spec))
-    return mesh, lower, NamedSharding(mesh, x_spec), shardings
+    return mesh, lower, NamedSharding(mesh, codes_spec), shardings
 
 
-def _sharding_rule(fmt_name, fmt_max, native, mesh, arg_types, result_types):
+def _sharding_rule(fmt_name, fmt_max, native, transposed, mesh, arg_types, result_types):
     ndim = len(arg_types[0].shape)
-    per_row = math.prod(arg_types[1].shape) > 1
     dims = [f"d{i}" for i in range(ndim)]
     ones = [f"one{i}" for i in range(ndim)]
-    m_dims = dims[:-1] + ones[-1:] if per_row else ones
-    return f"{' '.join(dims)}, {' '.join(m_dims)} -> {' '.join(dims)}"
+    codes_dims = dims
+    if transposed:
+        m_dims = dims[:-2] + [ones[-2], dims[-1]]
+        codes_dims = dims[:-2] + [dims[-1], dims[-2]]
+    elif math.prod(arg_types[1].shape) > 1:
+        m_dims = dims[:-1] + ones[-1:]
+    else:
+        m_dims = ones
+    return f"{' '.join(dims)}, {' '.join(m_dims)} -> {' '.join(codes_dims)}"
 
 
-_cast_partitioned = custom_partitioning(_cast_local, static_argnums=(2, 3, 4))
+_cast_partitioned = custom_partitioning(_cast_local, static_argnums=(2, 3, 4, 5))
 _cast_partitioned.def_partition(
     partition=_partition,
     infer_sharding_from_operands=_infer_sharding,
@@ -200,28 +275,46 @@ _cast_partitioned.def_partition(
 )
 
 
-def cast(x: jax.Array, multiplier: jax.Array, *, fmt_name: str, fmt_max: float, native: bool):
+def cast(
+    x: jax.Array,
+    multiplier: jax.Array,
+    *,
+    fmt_name: str,
+    fmt_max: float,
+    native: bool,
+    transposed: bool = False,
+):
     """float8 codes (dtype of `fmt_name`) of `x`, rank >= 1, for a multiplier of one
     element (the tensor's) or of shape x.shape[:-1] + (1,) (each row's); a NaN
-    multiplier poisons its group (code 0). Sharded inputs are cast shard by shard."""
-    if multiplier.size == 1:
+    multiplier poisons its group (code 0). With `transposed`: the codes of x (rank >= 2)
+    with its last two axes swapped, for a multiplier of shape x.shape[:-2] + (1, C), one
+    per column of x (so per row of the codes). Sharded inputs are cast shard by shard."""
+    if transposed:
+        if x.ndim < 2 or multiplier.shape != _group_multiplier_shape(x.shape, True):
+            raise ValueError(
+                f"multiplier: shape {multiplier.shape} is not one per column of x {x.shape} "
+                "(the transposed cast takes x of rank >= 2)"
+            )
+    elif multiplier.size == 1:
         multiplier = multiplier.reshape((1,) * x.ndim)
-    elif multiplier.shape != x.shape[:-1] + (1,):
+    elif multiplier.shape != _group_multiplier_shape(x.shape, False):
         raise ValueError(
             f"multiplier: shape {multiplier.shape} is neither one element nor one per row "
             f"of x {x.shape}"
         )
-    return _batchable(fmt_name, float(fmt_max), native)(x, multiplier.astype(jnp.float32))
+    run = _batchable(fmt_name, float(fmt_max), native, transposed)
+    return run(x, multiplier.astype(jnp.float32))
 
 
 @functools.cache
-def _batchable(fmt_name: str, fmt_max: float, native: bool):
+def _batchable(fmt_name: str, fmt_max: float, native: bool, transposed: bool):
     """The cast for one format, with a vmap rule (custom_partitioning has none): a batch
-    of tensors is one tensor of more rows, each with its own multiplier."""
+    of tensors is one tensor of more rows (or, transposed, more matrices), each with its
+    own multipliers."""
 
     @custom_vmap
     def run(x, multiplier):
-        return _cast_partitioned(x, multiplier, fmt_name, fmt_max, native)
+        return _cast_partitioned(x, multiplier, fmt_name, fmt_max, native, transposed)
 
     @run.def_vmap
     def _(axis_size, in_batched, x, multiplier):
@@ -230,6 +323,8 @@ def _batchable(fmt_name: str, fmt_max: float, native: bool):
             x = jnp.broadcast_to(x, (axis_size, *x.shape))
         if not m_batched:
             multiplier = jnp.broadcast_to(multiplier, (axis_size, *multiplier.shape))
-        return run(x, jnp.broadcast_to(multiplier, (*x.shape[:-1], 1))), True
+        return run(
+            x, jnp.broadcast_to(multiplier, _group_multiplier_shape(x.shape, transposed))
+        ), True
 
     return run

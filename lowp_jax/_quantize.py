@@ -9,7 +9,8 @@ spec §3 gives, with the hazards of spec §0 taken out of XLA's hands:
 - stored products (scales, dequantized values) go through `_exact.mul_narrow`;
 - element codes come from lowp's integer encoder, ported to uint32 operations, or for
   float8 from XLA's convert of clamped, flushed values; on sm_90+ GPUs the float8
-  tensorwise and rowwise casts run as one Pallas kernel (`_pallas_cast`).
+  tensorwise and rowwise casts run as one Pallas kernel (`_pallas_cast`), and so does
+  `quantize_transposed`'s rowwise cast of a transpose, which reads x untransposed.
 
 The float multiplications left, `x*m`, `x*2**k`, `x*inv`, `amax*k` and `S_enc*RN32(1/6)`,
 are exact, or round to a normal float32, or feed only the element encoder, where a
@@ -17,6 +18,7 @@ product that XLA on CPU flushes and IEEE rounds up to 2**-126 gives the same sig
 code in every element format.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -278,30 +280,93 @@ def _quantize(x, random, seed, offset, *, scheme) -> _qarray.QArray:
     )
 
 
-def _float_scaled_codes(x, xf, m, poisoned, scheme, fmt, random) -> jax.Array:
-    """uint8 codes of ftz(xf * m) for each group's multiplier m, code 0 where poisoned.
+def _float_scaled_codes(
+    x, xf, m, poisoned, scheme, fmt, random, *, transposed: bool = False
+) -> jax.Array:
+    """uint8 codes of ftz(xf * m) for each group's multiplier m, code 0 where poisoned;
+    with `transposed`, those codes of the rank-2 x transposed (`scheme` then groups x's
+    columns, AxisScaling(axis=0)).
 
     On an NVIDIA GPU of compute capability 9.0+ a float8 cast rounding to nearest runs
     as one Pallas kernel (`_pallas_cast`, the same bytes in three instructions an
-    element); the choice is made when the computation is lowered for its platform.
+    element, written transposed by the kernel itself); the choice is made when the
+    computation is lowered for its platform.
     """
     shape = tuple(x.shape)
 
     def in_xla(xf, m, poisoned):
         v = _bits.ftz_bits(_bits.bits(xf * _groups.expand(m, scheme, shape)))
-        return _encode_elements(v, fmt, random, _groups.expand(poisoned, scheme, shape))
+        codes = _encode_elements(v, fmt, random, _groups.expand(poisoned, scheme, shape))
+        return codes.T if transposed else codes
 
-    if random is not None or not _pallas_cast.applies(scheme, fmt.name, shape):
+    if random is not None or not _pallas_cast.applies(
+        scheme, fmt.name, shape, transposed=transposed
+    ):
         return in_xla(xf, m, poisoned)
 
     def in_pallas(xf, m, poisoned):
         # The kernel reads x itself, in its own dtype (fewer bytes than float32 xf), and
         # flushes it in its product.
         multiplier = jnp.where(poisoned, np.float32(np.nan), m)
-        codes = _pallas_cast.cast(x, multiplier, fmt_name=fmt.name, fmt_max=fmt.max, native=True)
+        codes = _pallas_cast.cast(
+            x, multiplier, fmt_name=fmt.name, fmt_max=fmt.max, native=True, transposed=transposed
+        )
         return lax.bitcast_convert_type(codes, jnp.uint8)
 
     return lax.platform_dependent(xf, m, poisoned, cuda=in_pallas, default=in_xla)
+
+
+def quantize_transposed(x, scheme: lowp.Scheme, *, name: str = "input") -> _qarray.QArray:
+    """`quantize(x.T, scheme, name=name)` of a rank-2 x: the same QArray, byte for byte.
+
+    Where the float8 kernel runs (`_pallas_cast.applies`: an sm_90+ GPU) and `scheme` is
+    AxisScaling along x.T's last axis (one scale per column of x), the column maxima are
+    reduced on x and the kernel reads x in its own layout and writes the codes
+    transposed: x is never copied transposed in high precision. Anywhere else (CPU,
+    another scheme or format) this is `quantize(x.T, scheme, name=name)` itself. Nearest
+    rounding; like `quantize`, the result carries no gradient.
+
+    Args:
+      x: float32, bfloat16 or float16 array (JAX or NumPy) of rank 2, (R, C).
+      scheme: a lowp scheme that admits x.T, (C, R).
+      name: how errors refer to the quantized tensor x.T.
+    """
+    _schemes.check_scheme(scheme)
+    x, _ = _hp_input(x, name)
+    if x.ndim != 2:
+        raise ValueError(f"{name}: quantize_transposed takes a rank-2 array, got shape {x.shape}")
+    scheme.check_shape(x.shape[::-1])
+    fmt_name = _formats.element_format(scheme.fmt).name
+    if not isinstance(scheme, lowp.AxisScaling) or not _pallas_cast.applies(
+        _axis_swapped(scheme), fmt_name, tuple(x.shape), transposed=True
+    ):
+        return quantize(x.T, scheme, name=name)
+    return _quantize_transposed(x, scheme=scheme)
+
+
+def _axis_swapped(scheme: lowp.AxisScaling) -> lowp.AxisScaling:
+    """The AxisScaling that groups a rank-2 x as `scheme` groups x.T (x.T's axis 1 is
+    x's axis 0): one scale per column of x for `scheme`'s one per row of x.T."""
+    return dataclasses.replace(scheme, axis=1 - _schemes.normalize_axis(scheme.axis, 2, scheme))
+
+
+@functools.partial(jax.jit, static_argnames=("scheme",))
+def _quantize_transposed(x, *, scheme) -> _qarray.QArray:
+    """The arithmetic of `quantize_transposed` where the kernel applies: `_quantize`'s
+    float-scaled branch for x.T, computed on x (its columns are x.T's rows)."""
+    columns = _axis_swapped(scheme)
+    fmt = _formats.element_format(scheme.fmt)
+    xf, absb = _flushed(x)
+    m, scale, poisoned = _float_group_scales(absb, columns, fmt)
+    codes = _float_scaled_codes(x, xf, m, poisoned, columns, fmt, None, transposed=True)
+    return _qarray.QArray(
+        codes=_qarray.store(codes, fmt.name),
+        scale=scale.T,
+        global_scale=None,
+        scheme=scheme,
+        shape=tuple(x.shape[::-1]),
+        hp_dtype=_dtypes.dtype_name(x.dtype),
+    )
 
 
 def _nvfp4_global(absb, scheme) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -2,9 +2,13 @@
 
 On the CPU the kernel runs under Pallas's interpreter, with the flush, product and
 clamp spelled out in JAX operations; on an sm_90 GPU (the GPU tests below, and the GPU
-conformance run) with the inline `mul.rn.ftz.f32` and Triton's saturating cast.
+conformance run) with the inline `mul.rn.ftz.f32` and Triton's saturating cast. The
+transposed cast (`quantize_transposed`, x.T's rowwise codes written from x) is checked
+both ways too.
 """
 
+import contextlib
+import functools
 import textwrap
 
 import host_devices
@@ -146,6 +150,20 @@ def test_a_multiplier_of_another_shape_is_refused_by_name():
         )
 
 
+def test_a_transposed_multiplier_of_another_shape_is_refused_by_name():
+    """The transposed cast takes one multiplier per column of x, and nothing else."""
+    for x_shape, m_shape in [((4, 8), (4, 1)), ((4, 8), (1, 1)), ((8,), (1, 8))]:
+        with pytest.raises(ValueError, match=r"is not one per column of x"):
+            _pallas_cast.cast(
+                jnp.ones(x_shape),
+                jnp.ones(m_shape),
+                fmt_name="float8_e4m3fn",
+                fmt_max=448.0,
+                native=False,
+                transposed=True,
+            )
+
+
 def test_where_the_kernel_applies(monkeypatch):
     """float8, one scale or one per last-axis row, 1 to 2**31 - 1 elements, and every
     GPU sm_90+ (faked here; `applies` is what quantize asks when lowering for CUDA)."""
@@ -161,8 +179,21 @@ def test_where_the_kernel_applies(monkeypatch):
     assert not _pallas_cast.applies(lowp.TensorScaling(), "float8_e4m3fn", (0, 4))
     assert not _pallas_cast.applies(lowp.TensorScaling(), "float8_e4m3fn", (2**16, 2**15))
     assert not _pallas_cast.applies(lowp.MXScaling(), "float8_e4m3fn", shape)
+    columns = lowp.AxisScaling(axis=0)  # the transposed cast: one scale per column of x
+    assert _pallas_cast.applies(columns, "float8_e4m3fn", shape, transposed=True)
+    assert _pallas_cast.applies(lowp.AxisScaling(axis=-2), "float8_e5m2", (1, 7), transposed=True)
+    assert not _pallas_cast.applies(
+        lowp.AxisScaling(axis=-1), "float8_e4m3fn", shape, transposed=True
+    )
+    assert not _pallas_cast.applies(lowp.TensorScaling(), "float8_e4m3fn", shape, transposed=True)
+    assert not _pallas_cast.applies(columns, "float8_e4m3fn", (7,), transposed=True)
+    assert not _pallas_cast.applies(columns, "float8_e4m3fn", (2**16, 2**15), transposed=True)
+    assert not _pallas_cast.applies(
+        lowp.AxisScaling(axis=0, fmt="float6_e3m2fn"), "float6_e3m2fn", shape, transposed=True
+    )
     monkeypatch.setattr(_pallas_cast, "ENABLED", False)
     assert not _pallas_cast.applies(lowp.TensorScaling(), "float8_e4m3fn", shape)
+    assert not _pallas_cast.applies(columns, "float8_e4m3fn", shape, transposed=True)
     monkeypatch.setattr(_pallas_cast, "ENABLED", True)
     monkeypatch.setattr(_devices, "sm90_gpus", lambda: False)
     assert not _pallas_cast.applies(lowp.TensorScaling(), "float8_e4m3fn", shape)
@@ -220,6 +251,258 @@ def test_a_sharded_input_is_cast_shard_by_shard():
     unsharded bytes."""
     stdout = host_devices.run_on_four_cpu_devices(_SHARDED)
     assert "sharded ok" in stdout
+
+
+# --- the transposed cast: x.T's rowwise codes, written by the kernel from x ------------
+
+ROWWISE_OF_TRANSPOSE = [
+    lowp.AxisScaling(axis=-1),
+    lowp.AxisScaling(axis=1, pow2=True),
+    lowp.AxisScaling(axis=-1, fmt="float8_e5m2"),
+    lowp.AxisScaling(axis=-1, fmt="float8_e5m2", pow2=True),
+]
+# Masked tile edges on both axes (33, 70, 130, 1000 are not powers of two), one row,
+# one column.
+TRANSPOSED_SHAPES = [(5, 33), (130, 70), (96, 1000), (1, 37), (37, 1)]
+
+
+def _clear_traces():
+    _quantize._quantize.clear_cache()
+    _quantize._quantize_transposed.clear_cache()
+
+
+@contextlib.contextmanager
+def interpreted_kernel():
+    """lowp_jax on the CPU as on an sm_90 GPU, with the kernels run by Pallas's
+    interpreter: the machine faked sm_90 (what `applies` asks), the CUDA branch of
+    `lax.platform_dependent` taken, and `_pallas_cast.cast` run with native=False. The
+    jitted quantizers are retraced on entry and on exit (a cached trace holds a branch)."""
+    cast = _pallas_cast.cast
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_devices, "sm90_gpus", lambda: True)
+        patch.setattr(jax.lax, "platform_dependent", lambda *args, cuda, default: cuda(*args))
+        patch.setattr(
+            _pallas_cast, "cast", lambda *args, **kwargs: cast(*args, **kwargs | {"native": False})
+        )
+        _clear_traces()
+        try:
+            yield
+        finally:
+            _clear_traces()
+
+
+def kernel_calls(fn, *args) -> int:
+    """How many transposed cast kernels `fn(*args)` traces to."""
+    return str(jax.make_jaxpr(fn)(*args)).count("name=lowp_float8_cast_transposed")
+
+
+def column_cases(shape, dtype, seed=0) -> np.ndarray:
+    """edge_values "wide" (most codes nonzero) with whole columns set to what a column
+    scale meets: all zeros; the dtype's smallest subnormal (a float32 subnormal flushes
+    to an amax of 0); a NaN and an Inf (poisoned); the dtype's specials (a huge amax,
+    subnormals and signed zeros beside it). Column 0 stays wide."""
+    x = edge_values(shape, seed=seed, dtype=dtype, kind="wide").astype(np.float32)
+    rows, cols = shape
+    specials = np.resize(np.array(SPECIALS[dtype], np.float32), rows)
+    tiny = np.float32(SPECIALS[dtype][0])
+    edits = [
+        np.zeros(rows, np.float32),
+        np.where(np.arange(rows) % 2 == 0, tiny, -tiny).astype(np.float32),
+        np.where(np.arange(rows) == rows // 2, np.nan, x[:, 0]),
+        np.where(np.arange(rows) == rows - 1, -np.inf, x[:, 0]),
+        specials,
+    ]
+    for column, values in enumerate(edits[: cols - 1], start=1):
+        x[:, column] = values
+    return np.asarray(jnp.asarray(x).astype(dtype))
+
+
+def _same_qarray(got, want):
+    """Equal QArrays, byte for byte: codes, scale, scheme, shape and hp_dtype."""
+    assert (got.scheme, got.shape, got.hp_dtype) == (want.scheme, want.shape, want.hp_dtype)
+    for leaf in ("codes", "scale"):
+        a, b = np.asarray(getattr(got, leaf)), np.asarray(getattr(want, leaf))
+        assert (a.dtype, a.shape) == (b.dtype, b.shape), leaf
+        np.testing.assert_array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
+
+
+def _same_as_lowp(q, x, scheme):
+    """q's codes and scale bytes are `lowp.quantize`'s (NumPy) of x.T."""
+    want = lowp.quantize(np.ascontiguousarray(x.astype(np.float32).T), scheme)
+    got = lowp_jax.to_lowp(q)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got.codes.view(np.uint8), want.codes.view(np.uint8))
+    np.testing.assert_array_equal(
+        np.asarray(got.scale, np.float32).view(np.uint32),
+        np.asarray(want.scale, np.float32).view(np.uint32),
+    )
+
+
+@pytest.mark.parametrize("shape", TRANSPOSED_SHAPES, ids=str)
+@pytest.mark.parametrize("scheme", ROWWISE_OF_TRANSPOSE, ids=str)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_interpreted_quantize_transposed_is_quantize_of_the_transpose(shape, scheme, dtype):
+    """The kernel's path (column maxima on x, the codes stored transposed) gives the
+    QArray of `quantize(x.T)` and the bytes of `lowp.quantize(x.T)`: zero, subnormal,
+    NaN, Inf and special columns included."""
+    x = column_cases(shape, dtype)
+    with interpreted_kernel():
+        got = _quantize.quantize_transposed(jnp.asarray(x), scheme, name="x.T")
+        assert kernel_calls(functools.partial(_quantize.quantize_transposed, scheme=scheme), x) == 1
+    _same_qarray(got, lowp_jax.quantize(jnp.asarray(x).T, scheme))
+    _same_as_lowp(got, x, scheme)
+    if shape[1] > 1 and shape[0] > 1:  # poisoned columns: NaN scale, codes 0
+        codes = np.asarray(got.codes).view(np.uint8)
+        assert np.isnan(np.asarray(got.scale)[[3, 4]]).all() and not codes[[3, 4]].any()
+    if shape[1] == 1:  # the one wide column: most codes nonzero
+        assert np.count_nonzero(np.asarray(got.codes).view(np.uint8)) > shape[0] // 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_interpreted_transposed_cast_writes_lowps_bytes(dtype):
+    """`_pallas_cast.cast(transposed=True)` alone: each column's multiplier, the tile
+    stored transposed, and a NaN multiplier's column all code 0."""
+    x = column_cases((130, 70), dtype, seed=4)
+    columns = lowp.AxisScaling(axis=0)
+    m = multiplier(x, columns)
+    codes = _pallas_cast.cast(
+        jnp.asarray(x), m, fmt_name="float8_e4m3fn", fmt_max=448.0, native=False, transposed=True
+    )
+    assert codes.shape == (70, 130) and codes.dtype == jnp.float8_e4m3fn
+    want = lowp.quantize(np.ascontiguousarray(x.astype(np.float32).T), lowp.AxisScaling())
+    np.testing.assert_array_equal(np.asarray(codes).view(np.uint8), want.codes.view(np.uint8))
+
+
+def test_quantize_transposed_elsewhere_is_quantize_of_the_transpose():
+    """Where the kernel does not apply (this CPU; under the faked sm_90 machine a scheme
+    it does not take) quantize_transposed is quantize(x.T): the same QArray, no
+    transposed kernel; rank and input checks name the tensor."""
+    x = jnp.asarray(column_cases((64, 96), "bfloat16", seed=2))
+    others = [
+        lowp.TensorScaling(),
+        lowp.AxisScaling(axis=0),  # along x.T's first axis: per row of x
+        lowp.BlockScaling(block=(32, 32)),
+        lowp.MXScaling(),
+        lowp.AxisScaling(fmt="float6_e3m2fn"),
+    ]
+    for scheme in [lowp.AxisScaling(), *others]:  # the CPU: the kernel applies nowhere
+        assert kernel_calls(functools.partial(_quantize.quantize_transposed, scheme=scheme), x) == 0
+        _same_qarray(_quantize.quantize_transposed(x, scheme), lowp_jax.quantize(x.T, scheme))
+    with interpreted_kernel():
+        for scheme in others:
+            assert (
+                kernel_calls(functools.partial(_quantize.quantize_transposed, scheme=scheme), x)
+                == 0
+            )
+            got = _quantize.quantize_transposed(x, scheme)
+            _same_qarray(got, lowp_jax.quantize(x.T, scheme))
+    with pytest.raises(ValueError, match=r"w\.T: quantize_transposed takes a rank-2 array"):
+        _quantize.quantize_transposed(jnp.ones((2, 3, 4)), lowp.AxisScaling(), name="w.T")
+    with pytest.raises(TypeError, match=r"w\.T: lowp_jax\.quantize takes a JAX or NumPy"):
+        _quantize.quantize_transposed([[1.0]], lowp.AxisScaling(), name="w.T")
+
+
+def test_the_interpreted_transposed_cast_under_vmap_jit_and_grad():
+    """A batch of matrices (batched multipliers, shared multipliers, nested vmap, an
+    empty batch) gives each its own transposed codes; vmap and grad of
+    quantize_transposed run the kernel and match quantize(x.T)."""
+
+    def cast(x, m):
+        return _pallas_cast.cast(
+            x, m, fmt_name="float8_e4m3fn", fmt_max=448.0, native=False, transposed=True
+        )
+
+    columns = lowp.AxisScaling(axis=0)
+    xs = jnp.asarray(np.stack([column_cases((40, 24), "float32", seed=i) for i in range(3)]))
+    m = jnp.stack([multiplier(xs[i], columns) for i in range(3)])
+    want = [
+        lowp.quantize(np.ascontiguousarray(np.asarray(xs[i]).T), lowp.AxisScaling()).codes
+        for i in range(3)
+    ]
+    want = np.stack(want).view(np.uint8)
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(cast))(xs, m)).view(np.uint8), want)
+    shared = jax.vmap(cast, in_axes=(0, None))(jnp.stack([xs[0], xs[0]]), m[0])
+    np.testing.assert_array_equal(np.asarray(shared[1]).view(np.uint8), want[0])
+    nested = jax.vmap(jax.vmap(cast))(xs[None], m[None])
+    np.testing.assert_array_equal(np.asarray(nested[0]).view(np.uint8), want)
+    assert jax.vmap(cast)(jnp.zeros((0, 40, 24)), jnp.ones((0, 1, 24))).shape == (0, 24, 40)
+
+    scheme = lowp.AxisScaling(pow2=True)
+    with interpreted_kernel():
+        batched = jax.vmap(lambda a: _quantize.quantize_transposed(a, scheme))(xs)
+        assert kernel_calls(jax.vmap(lambda a: _quantize.quantize_transposed(a, scheme)), xs) == 1
+        g = jax.grad(
+            lambda a: jnp.sum(_quantize.quantize_transposed(a, scheme).dequantize(jnp.float32))
+        )(xs[0])
+    for i in range(3):
+        _same_qarray(
+            jax.tree.map(lambda leaf, i=i: leaf[i], batched), lowp_jax.quantize(xs[i].T, scheme)
+        )
+    assert not np.asarray(jnp.nan_to_num(g)).any()
+
+
+_SHARDED_TRANSPOSED = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import lowp
+    import lowp_jax
+    from lowp_jax import _pallas_cast, _quantize
+    from test_jax_pallas_cast import column_cases, interpreted_kernel, kernel_calls, multiplier
+
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "model"))
+    x = column_cases((64, 96), "bfloat16", seed=5)
+    m = multiplier(x, lowp.AxisScaling(axis=0))
+    want = lowp.quantize(np.ascontiguousarray(x.astype(np.float32).T), lowp.AxisScaling())
+    f = jax.jit(lambda a, m: _pallas_cast.cast(
+        a, m, fmt_name="float8_e4m3fn", fmt_max=448.0, native=False, transposed=True))
+    for spec, codes_spec in ((P("data", None), P(None, "data")),
+                             (P("data", "model"), P("model", "data")),
+                             (P(None, "model"), P("model", None))):
+        xs = jax.device_put(jnp.asarray(x), NamedSharding(mesh, spec))
+        text = f.lower(xs, m).compile().as_text()
+        assert "all-gather" not in text, spec
+        got = f(xs, m)
+        assert got.sharding.is_equivalent_to(NamedSharding(mesh, codes_spec), 2), got.sharding
+        assert np.array_equal(np.asarray(got).view(np.uint8), want.codes.view(np.uint8)), spec
+
+    # quantize_transposed of a sharded x with the kernel (interpreted): the column maxima
+    # reduced across devices, each device's tile cast where it lies, lowp's bytes.
+    scheme = lowp.AxisScaling()
+    with interpreted_kernel():
+        for spec in (P("data", None), P("data", "model")):
+            xs = jax.device_put(jnp.asarray(x), NamedSharding(mesh, spec))
+            g = jax.jit(lambda a: _quantize.quantize_transposed(a, scheme))
+            assert kernel_calls(g, xs) == 1
+            assert "all-gather" not in g.lower(xs).compile().as_text(), spec
+            q = g(xs)
+            assert np.array_equal(np.asarray(q.codes).view(np.uint8), want.codes.view(np.uint8))
+            assert np.array_equal(np.asarray(q.scale).view(np.uint32), want.scale.view(np.uint32))
+
+        # inside shard_map the kernel does not apply: quantize(x.T) runs, per shard.
+        def per_shard(a):
+            q = _quantize.quantize_transposed(a, scheme)
+            return jax.lax.bitcast_convert_type(q.codes, jnp.uint8)
+        h = jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=P("data", None),
+                                  out_specs=P(None, "data")))
+        assert kernel_calls(h, jnp.asarray(x)) == 0
+        got = np.asarray(h(jnp.asarray(x)))
+        for i in range(2):
+            rows = x[32 * i:32 * (i + 1)].astype(np.float32)
+            part = lowp.quantize(np.ascontiguousarray(rows.T), scheme).codes.view(np.uint8)
+            assert np.array_equal(got[:, 32 * i:32 * (i + 1)], part), i
+    print("sharded transposed ok")
+    """
+)
+
+
+def test_a_sharded_input_is_cast_transposed_shard_by_shard():
+    """Over 4 host devices (a subprocess): the transposed cast of x sharded by rows,
+    columns or both keeps each device's tile where it lies (no all-gather), its codes
+    sharded with the axes swapped; quantize_transposed of a sharded x runs the kernel
+    and writes lowp's bytes, and inside shard_map falls back to quantize(x.T)."""
+    stdout = host_devices.run_on_four_cpu_devices(_SHARDED_TRANSPOSED)
+    assert "sharded transposed ok" in stdout
 
 
 # --- on an sm_90 GPU: the PTX kernel ---------------------------------------------------
@@ -283,3 +566,65 @@ def test_a_sharded_quantize_casts_each_shard_on_its_gpu(scheme):
     assert got.codes.sharding.is_equivalent_to(NamedSharding(mesh, P("data", None)), 2)
     want = lowp.quantize(np.asarray(x.astype(jnp.float32)), scheme)
     np.testing.assert_array_equal(np.asarray(got.codes).view(np.uint8), want.codes.view(np.uint8))
+
+
+_HLO_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+
+@needs_sm90
+@pytest.mark.parametrize("scheme", ROWWISE_OF_TRANSPOSE, ids=str)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_quantize_transposed_runs_the_transposed_kernel_on_the_gpu(scheme, dtype):
+    """quantize_transposed lowers to the transposed kernel (the PTX one: `mul.rn.ftz`,
+    the saturating cvt, the tile stored transposed), with no transposed copy of x in
+    high precision, and writes quantize(x.T)'s QArray and lowp's bytes: zero,
+    subnormal, NaN, Inf and special columns, masked edges, one row, one column."""
+    for shape in [(96, 1000), (1000, 96), (130, 70), (1, 37), (37, 1)]:
+        x = jnp.asarray(column_cases(shape, dtype, seed=11))
+        fn = jax.jit(lambda a: _quantize.quantize_transposed(a, scheme))
+        text = fn.lower(x).compile().as_text()
+        assert "lowp_float8_cast_transposed" in text, shape
+        if min(shape) > 1:  # a transposed vector is a bitcast, a matrix a copy
+            copy = f"{_HLO_DTYPES[dtype]}[{shape[1]},{shape[0]}]"
+            assert copy not in text, f"{shape}: XLA transposes x ({copy}) after all"
+        got = fn(x)
+        _same_qarray(got, jax.jit(lambda a: lowp_jax.quantize(a.T, scheme))(x))
+        _same_as_lowp(got, np.asarray(x), scheme)
+
+
+@needs_sm90
+def test_the_transposed_kernel_under_vmap_on_the_gpu():
+    """vmap of quantize_transposed (each matrix its own column scales) runs the
+    transposed kernel."""
+    xs = jnp.asarray(np.stack([column_cases((64, 128), "bfloat16", seed=i) for i in range(3)]))
+    scheme = lowp.AxisScaling(pow2=True)
+    batched = jax.jit(jax.vmap(lambda a: _quantize.quantize_transposed(a, scheme)))
+    assert "lowp_float8_cast_transposed" in batched.lower(xs).compile().as_text()
+    got = batched(xs)
+    for i in range(3):
+        _same_qarray(
+            jax.tree.map(lambda leaf, i=i: leaf[i], got), lowp_jax.quantize(xs[i].T, scheme)
+        )
+
+
+@pytest.mark.skipif(
+    not ON_SM90 or len(jax.devices()) < 2,
+    reason="needs two NVIDIA GPUs of compute capability >= 9.0",
+)
+def test_a_sharded_quantize_transposed_casts_each_shard_on_its_gpu():
+    """Rows of x over two GPUs: the column maxima are reduced across them, the
+    transposed kernel casts each device's rows where they lie (no all-gather) into
+    codes sharded along their columns, and the bytes are the unsharded ones."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    x = jnp.asarray(column_cases((256, 1000), "bfloat16", seed=13))
+    xs = jax.device_put(x, NamedSharding(mesh, P("data", None)))
+    scheme = lowp.AxisScaling()
+    fn = jax.jit(lambda a: _quantize.quantize_transposed(a, scheme))
+    text = fn.lower(xs).compile().as_text()
+    assert "lowp_float8_cast_transposed" in text and "all-gather" not in text
+    got = fn(xs)
+    assert got.codes.sharding.is_equivalent_to(NamedSharding(mesh, P(None, "data")), 2)
+    _same_as_lowp(got, np.asarray(x), scheme)
