@@ -256,7 +256,9 @@ def _reusable(q: _qarray.QArray, scheme) -> bool:
 
 def _transposed(kept, scheme, name: str) -> _qarray.QArray:
     """The rank-2 operand kept.T quantized along its last axis: reusable codes transposed,
-    or the high-precision tensor transposed and quantized."""
+    or the high-precision tensor's transpose quantized (`quantize_transposed`: on an
+    sm_90 GPU a rowwise scheme's kernel writes the codes transposed, with no transposed
+    copy of the high-precision tensor)."""
     if isinstance(kept, _qarray.QArray):
         return _qarray.QArray(
             codes=kept.codes.T,
@@ -266,7 +268,7 @@ def _transposed(kept, scheme, name: str) -> _qarray.QArray:
             shape=kept.shape[::-1],
             hp_dtype=kept.hp_dtype,
         )
-    return _quantize.quantize(kept.T, scheme, name=f"{name}.T")
+    return _quantize.quantize_transposed(kept, scheme, name=f"{name}.T")
 
 
 # --- the GEMMs ---------------------------------------------------------------------------

@@ -4,7 +4,7 @@ On the CPU the kernel runs under Pallas's interpreter, with the flush, product a
 clamp spelled out in JAX operations; on an sm_90 GPU (the GPU tests below, and the GPU
 conformance run) with the inline `mul.rn.ftz.f32` and Triton's saturating cast. The
 transposed cast (`quantize_transposed`, x.T's rowwise codes written from x) is checked
-both ways too.
+both ways too, and through the training backward that uses it.
 """
 
 import contextlib
@@ -441,6 +441,53 @@ def test_the_interpreted_transposed_cast_under_vmap_jit_and_grad():
     assert not np.asarray(jnp.nan_to_num(g)).any()
 
 
+@pytest.mark.parametrize("hp_dtype", ["float32", "bfloat16"])
+def test_training_operands_and_gradients_are_unchanged_by_the_transposed_kernel(hp_dtype):
+    """float8_rowwise's backward quantizes w.T, dy.T and x.T rowwise: with the kernels
+    (interpreted) its three transposed operands come from the transposed cast, and every
+    operand, y, dx and dw are bit for bit those of XLA's path (this CPU), the operands
+    lowp's (NumPy) bytes."""
+    recipe = "float8_rowwise"
+    rng = np.random.default_rng(8)
+    x, w, g = (
+        jnp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(hp_dtype)
+        for shape in ((2, 32, 64), (96, 64), (2, 32, 96))
+    )
+    x = x.at[0, 3].set(0.0)  # an all-zero token: a zero column of x.T
+
+    def step(x, w, g):
+        y, vjp = jax.vjp(
+            lambda x, w: lowp_jax.training_dot_general(
+                x, w, (((2,), (1,)), ((), ())), recipe=recipe, small_shapes="quantize"
+            ),
+            x,
+            w,
+        )
+        return (y, *vjp(g))
+
+    def operands(x, w, g):
+        return lowp_jax.training_operands(x, w, g, recipe)
+
+    want_step, want_ops = step(x, w, g), operands(x, w, g)
+    with interpreted_kernel():
+        assert kernel_calls(operands, x, w, g) == 3
+        assert kernel_calls(step, x, w, g) == 3
+        got_step, got_ops = jax.jit(step)(x, w, g), operands(x, w, g)
+    for got, want in zip(got_step, want_step, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    for gemm in ("forward", "dgrad", "wgrad"):
+        for got, want in zip(got_ops[gemm], want_ops[gemm], strict=True):
+            _same_qarray(got, want)
+    xn, wn, gn = (np.asarray(t.astype(jnp.float32)).reshape(-1, t.shape[-1]) for t in (x, w, g))
+    spec = lowp.Recipe.from_name(recipe)
+    for q, hp, scheme in [
+        (got_ops["dgrad"][1], wn, spec.dgrad.b),
+        (got_ops["wgrad"][0], gn, spec.wgrad.a),
+        (got_ops["wgrad"][1], xn, spec.wgrad.b),
+    ]:
+        _same_as_lowp(q, hp, scheme)
+
+
 _SHARDED_TRANSPOSED = textwrap.dedent(
     """
     import jax, jax.numpy as jnp, numpy as np
@@ -605,6 +652,25 @@ def test_the_transposed_kernel_under_vmap_on_the_gpu():
         _same_qarray(
             jax.tree.map(lambda leaf, i=i: leaf[i], got), lowp_jax.quantize(xs[i].T, scheme)
         )
+
+
+@needs_sm90
+def test_float8_rowwise_training_takes_the_transposed_kernel_on_the_gpu():
+    """float8_rowwise's training operands take the transposed kernel for w.T, dy.T and
+    x.T, and are lowp's bytes."""
+    rng = np.random.default_rng(8)
+    x, w, g = (
+        jnp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(jnp.bfloat16)
+        for shape in ((256, 128), (192, 128), (256, 192))
+    )
+    operands = jax.jit(lambda x, w, g: lowp_jax.training_operands(x, w, g, "float8_rowwise"))
+    assert "lowp_float8_cast_transposed" in operands.lower(x, w, g).compile().as_text()
+    ops = operands(x, w, g)
+    spec = lowp.Recipe.from_name("float8_rowwise")
+    xn, wn, gn = (np.asarray(t.astype(jnp.float32)) for t in (x, w, g))
+    _same_as_lowp(ops["dgrad"][1], wn, spec.dgrad.b)
+    _same_as_lowp(ops["wgrad"][0], gn, spec.wgrad.a)
+    _same_as_lowp(ops["wgrad"][1], xn, spec.wgrad.b)
 
 
 @pytest.mark.skipif(
