@@ -6,13 +6,14 @@ Pallas element cast (`lowp_jax._pallas_cast`, what runs on an sm_90 GPU) and wit
 alone, each as a fraction of a same-run device copy by the minimum bytes the cast moves
 (as in bench/casts.py: tensorwise 2bn + n, rowwise 2bn + n + 4n/K here, since XLA
 reduces the rows in a pass of its own), and whether the two paths wrote the same bytes.
-Then the rowwise codes of x.T, which the training backward asks for, three ways (see
+Then the rowwise codes of x.T, which the training backward asks for, four ways (see
 `_quantize_fn`). H200, 16384^2 bf16 (b727bc9, 2026-11-30): transpose then the kernel
-(what lowp_jax runs) 0.603 ms, XLA alone 0.746 ms, column scales then a 1-byte
-transpose 0.746 ms, all three the same bytes; a cast that reads x once and writes its
-codes transposed would need a kernel of its own. Then an edge case check of the kernel path against `lowp.quantize`
-(NumPy): subnormal, huge, signed zero, NaN and Inf inputs in float32, bfloat16 and
-float16.
+(what lowp_jax ran) 0.603 ms, XLA alone 0.746 ms, column scales then a 1-byte
+transpose 0.746 ms, all three the same bytes; the fourth, `quantize_transposed`
+(column scales, then a kernel that reads x once and writes its codes transposed, what
+the training backward runs now), is not timed yet. Then an edge case check of the
+kernel path against `lowp.quantize` (NumPy): subnormal, huge, signed zero, NaN and Inf
+inputs in float32, bfloat16 and float16.
 
     python bench/jax_cast.py --out bench/results/h200_jax_cast.json     # on the GPU
 """
@@ -43,9 +44,13 @@ def _quantize_fn(scheme, pallas: bool, form: str = "plain"):
     when the computation is traced, so each gets its own trace). form "plain" quantizes
     x; "transposed" quantizes x.T (what the training backward asks of rowwise x and dy);
     "axis0" gives the same bytes from x's columns (AxisScaling(axis=0)), then transposes
-    the 1-byte codes instead of the 2-byte input."""
+    the 1-byte codes instead of the 2-byte input; "quantize_transposed" gives them from
+    x's columns with the transposed kernel writing the codes (`_quantize.quantize_transposed`)."""
 
     def run(x):
+        if form == "quantize_transposed":
+            q = _quantize.quantize_transposed(x, scheme)
+            return q.codes, q.scale
         if form == "axis0":
             q = lowp_jax.quantize(x, lowp.AxisScaling(axis=0, fmt=scheme.fmt, pow2=scheme.pow2))
             return q.codes.T, q.scale.reshape(-1, 1)
@@ -54,14 +59,19 @@ def _quantize_fn(scheme, pallas: bool, form: str = "plain"):
 
     def traced(x):
         _pallas_cast.ENABLED = pallas
-        _quantize._quantize.clear_cache()  # its cached trace was made with the other setting
+        _clear_traces()  # the cached traces were made with the other setting
         try:
             return jax.jit(run).lower(x).compile()
         finally:
             _pallas_cast.ENABLED = True
-            _quantize._quantize.clear_cache()
+            _clear_traces()
 
     return traced
+
+
+def _clear_traces():
+    _quantize._quantize.clear_cache()
+    _quantize._quantize_transposed.clear_cache()
 
 
 def _bytes(q) -> tuple[np.ndarray, np.ndarray]:
@@ -119,13 +129,14 @@ def speed(iters: int, shapes) -> list[dict]:
 
 
 def _transposed_rows(x, iters, copy_ms, copy_gbs) -> list[dict]:
-    """Rowwise codes of x.T three ways (module docstring of `_quantize_fn`), same bytes."""
+    """Rowwise codes of x.T four ways (module docstring of `_quantize_fn`), same bytes."""
     rows, outs = [], {}
     scheme = SCHEMES["rowwise"]
     for path, pallas, form in (
         ("pallas_xT", True, "transposed"),
         ("xla_xT", False, "transposed"),
         ("axis0_codesT", True, "axis0"),
+        ("transposed_kernel", True, "quantize_transposed"),
     ):
         fn = _quantize_fn(scheme, pallas, form)(x)
         ms = time_ms(fn, (x,), iters)
@@ -142,10 +153,10 @@ def _transposed_rows(x, iters, copy_ms, copy_gbs) -> list[dict]:
                 "fraction_of_copy": round(fraction, 3),
             }
         )
-        print(f"rowwise x.T {x.shape!s:14s} {path:12s} {ms:8.4f} ms  {fraction:.3f} of copy")
+        print(f"rowwise x.T {x.shape!s:14s} {path:17s} {ms:8.4f} ms  {fraction:.3f} of copy")
     same = all(
         np.array_equal(a, b)
-        for other in ("xla_xT", "axis0_codesT")
+        for other in ("xla_xT", "axis0_codesT", "transposed_kernel")
         for a, b in zip(outs["pallas_xT"], outs[other], strict=True)
     )
     rows[-1]["same_bytes_as_pallas"] = same

@@ -51,6 +51,7 @@ def test_small_cast_run_checks_bytes_and_writes_rows(tmp_path):
         ("rowwise_of_transpose", "pallas_xT"),
         ("rowwise_of_transpose", "xla_xT"),
         ("rowwise_of_transpose", "axis0_codesT"),
+        ("rowwise_of_transpose", "transposed_kernel"),
     ]
     compared = [r for r in result["speed"] if "same_bytes_as_pallas" in r]
     assert len(compared) == 3 and all(r["same_bytes_as_pallas"] for r in compared)
