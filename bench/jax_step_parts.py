@@ -18,11 +18,12 @@ saves or costs, `gemms - raw` the price of lowp's float32 output, and
 `flax - raw` what flax spends outside the GEMMs.
 
     python bench/jax_step_parts.py                       # H200: the issue's two shapes
-    python bench/jax_step_parts.py --tensorwise-forms codes,dequantize  # also XLA's pattern
+    python bench/jax_step_parts.py --variants dequantize,xT_copy  # also each switch's other side
     python bench/jax_step_parts.py --shapes 256x512x384 --recipes float8_tensorwise  # CPU smoke
 """
 
 import argparse
+import contextlib
 import json
 import pathlib
 import sys
@@ -35,19 +36,41 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import lowp_jax
 from bench import _timing, jax_training
-from lowp_jax import _dot
+from lowp_jax import _dot, _pallas_cast
 
 RECIPES = ("float8_tensorwise", "float8_rowwise", "float8_rowwise_gw_hp")
 SHAPES = ((16384, 4096, 14336), (16384, 8192, 8192))
 A_BT = (((1,), (1,)), ((), ()))
 GEMMS = ("forward", "dgrad", "wgrad")
-FORMS = ("codes", "dequantize")  # lowp_jax's _dot.TENSORWISE_FORM values
+# Step variants: a lowp_jax switch set away from its default while the step is traced
+# (module, attribute, value), and the recipes whose step it changes. "dequantize": the
+# tensorwise dot in XLA's dequantize pattern; "xT_copy": the backward's transposed
+# rowwise operands from a high-precision x.T copy instead of the transposed cast kernel.
+VARIANTS = {
+    "dequantize": ((_dot, "TENSORWISE_FORM", "dequantize"), ("float8_tensorwise",)),
+    "xT_copy": ((_pallas_cast, "TRANSPOSED", False), ("float8_rowwise", "float8_rowwise_gw_hp")),
+}
 
 
-def step_call(impl: str, recipe: str | None, x, w, dy, form: str = "codes"):
+@contextlib.contextmanager
+def switched(variant: str | None):
+    """lowp_jax with `variant`'s switch set (no change for None), restored after."""
+    if variant is None:
+        yield
+        return
+    (module, attribute, value), _ = VARIANTS[variant]
+    default = getattr(module, attribute)
+    setattr(module, attribute, value)
+    try:
+        yield
+    finally:
+        setattr(module, attribute, default)
+
+
+def step_call(impl: str, recipe: str | None, x, w, dy, variant: str | None = None):
     """The compiled forward + backward of `jax_training` and its arguments, with the
-    kernel `w` (N, K) as the layer's (K, N) parameter; `form`: lowp_jax's
-    `_dot.TENSORWISE_FORM` while it is traced."""
+    kernel `w` (N, K) as the layer's (K, N) parameter, traced under `variant`
+    (a key of VARIANTS, or None: lowp_jax as it is)."""
     # small_shapes="quantize": the parts are the recipe's, so the step must be too, at
     # any shape (a small one would run in high precision on a GPU under "auto").
     dense = jax_training.make_dense(impl, recipe, w.shape[0], small_shapes="quantize")
@@ -59,11 +82,8 @@ def step_call(impl: str, recipe: str | None, x, w, dy, form: str = "codes"):
         y, vjp = jax.vjp(dense.apply, variables, x)
         return y, vjp(dy)
 
-    default, _dot.TENSORWISE_FORM = _dot.TENSORWISE_FORM, form
-    try:
+    with switched(variant):
         compiled = jax.jit(fwd_bwd).lower(variables, x, dy).compile()
-    finally:
-        _dot.TENSORWISE_FORM = default
     return compiled, (variables, x, dy)
 
 
@@ -118,7 +138,7 @@ def gemms_match_step(step, gemms) -> dict:
     }
 
 
-def measure_shape(m, k, n, recipes, timing: _timing.Timing, forms=("codes",)) -> list[dict]:
+def measure_shape(m, k, n, recipes, timing: _timing.Timing, variants=()) -> list[dict]:
     kx, kw, kg = jax.random.split(jax.random.key(0), 3)
     x = jax.random.normal(kx, (m, k), jnp.bfloat16)
     w = (jax.random.normal(kw, (n, k), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
@@ -136,9 +156,10 @@ def measure_shape(m, k, n, recipes, timing: _timing.Timing, forms=("codes",)) ->
         for part, call in recipe_parts.items():
             labels.append(("lowp", recipe, part))
             calls.append(call)
-        for form in forms[1:] if recipe == "float8_tensorwise" else ():
-            labels.append(("lowp", f"{recipe} ({form})", "step"))
-            calls.append(step_call("lowp", recipe, x, w, dy, form))
+        for variant in variants:
+            if recipe in VARIANTS[variant][1]:
+                labels.append(("lowp", f"{recipe} ({variant})", "step"))
+                calls.append(step_call("lowp", recipe, x, w, dy, variant))
     results = {}
 
     def runner(fn, args):
@@ -197,21 +218,22 @@ def main(argv=None):
     parser.add_argument("--recipes", default=",".join(RECIPES))
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument(
-        "--tensorwise-forms",
-        default="codes",
-        help="codes, or codes,dequantize: float8_tensorwise's step is also timed with "
-        "lowp_jax's _dot.TENSORWISE_FORM set to each form after codes",
+        "--variants",
+        default="",
+        help=f"comma list of {sorted(VARIANTS)}: each recipe's step is also timed with "
+        "each variant that changes it",
     )
     parser.add_argument("--out", help="JSON rows here, rewritten after each shape")
     args = parser.parse_args(argv)
-    forms = tuple(args.tensorwise_forms.split(","))
-    if forms[0] != "codes" or not set(forms) <= set(FORMS):
-        parser.error(f"--tensorwise-forms: codes first, then any of {FORMS}; got {forms}")
+    variants = tuple(v for v in args.variants.split(",") if v)
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: {unknown} not among {sorted(VARIANTS)}")
     timing = _timing.Timing(warmup=3, repeats=args.repeats, target_s=0.05)
     rows = []
     for shape in args.shapes.split(","):
         m, k, n = (int(v) for v in shape.split("x"))
-        shape_rows = measure_shape(m, k, n, args.recipes.split(","), timing, forms)
+        shape_rows = measure_shape(m, k, n, args.recipes.split(","), timing, variants)
         print(format_rows(shape_rows), flush=True)
         for row in shape_rows:
             if "gemms_match_step" in row:

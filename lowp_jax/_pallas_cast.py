@@ -63,6 +63,9 @@ TRANSPOSED_TILE = (64, 64)
 
 # Off: every cast goes through XLA (for measuring the two side by side).
 ENABLED = True
+# Off: a transposed cast copies x.T in high precision and takes the row kernel (for
+# measuring the transposed kernel against that copy).
+TRANSPOSED = True
 
 
 def applies(
@@ -74,7 +77,7 @@ def applies(
     transposed), fewer than 2**31 elements (the kernel's offsets are int32), every GPU
     of this machine sm_90+, and not inside `shard_map` (its per-device values carry types
     the kernel's output would have to repeat; XLA's cast runs there instead)."""
-    if not ENABLED or fmt_name not in _FLOAT8 or not shape:
+    if not ENABLED or (transposed and not TRANSPOSED) or fmt_name not in _FLOAT8 or not shape:
         return False
     if not 0 < math.prod(shape) < 2**31:
         return False

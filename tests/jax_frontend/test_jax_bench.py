@@ -83,8 +83,8 @@ def test_step_parts_bench_takes_the_step_apart(tmp_path):
             "64x128x96",
             "--recipes",
             "float8_tensorwise,float8_rowwise_gw_hp",
-            "--tensorwise-forms",
-            "codes,dequantize",
+            "--variants",
+            "dequantize,xT_copy",
             "--repeats",
             "1",
             "--out",
@@ -104,6 +104,7 @@ def test_step_parts_bench_takes_the_step_apart(tmp_path):
         ("float8_rowwise_gw_hp", "casts"),
         ("float8_rowwise_gw_hp", "gemms"),
         ("float8_rowwise_gw_hp", "raw"),
+        ("float8_rowwise_gw_hp (xT_copy)", "step"),
     ]
     assert all(r["ms"] > 0 for r in rows)
     # cuBLASLt fp8 GEMMs in each compiled step: none on the CPU; on a GPU the default
@@ -112,6 +113,7 @@ def test_step_parts_bench_takes_the_step_apart(tmp_path):
     on_gpu = jax.default_backend() == "gpu"
     assert gemms["float8_tensorwise"] == (3 if on_gpu else 0)
     assert gemms["float8_rowwise_gw_hp"] == (2 if on_gpu else 0)
+    assert gemms["float8_rowwise_gw_hp (xT_copy)"] == gemms["float8_rowwise_gw_hp"]
     assert gemms["bf16"] == 0 and (on_gpu or gemms["float8_tensorwise (dequantize)"] == 0)
     steps = {r["recipe"]: r["gemms_match_step"] for r in rows if "gemms_match_step" in r}
     assert steps == {

@@ -195,6 +195,10 @@ def test_where_the_kernel_applies(monkeypatch):
     assert not _pallas_cast.applies(lowp.TensorScaling(), "float8_e4m3fn", shape)
     assert not _pallas_cast.applies(columns, "float8_e4m3fn", shape, transposed=True)
     monkeypatch.setattr(_pallas_cast, "ENABLED", True)
+    monkeypatch.setattr(_pallas_cast, "TRANSPOSED", False)  # the row kernel stays
+    assert _pallas_cast.applies(lowp.AxisScaling(axis=-1), "float8_e5m2", shape)
+    assert not _pallas_cast.applies(columns, "float8_e4m3fn", shape, transposed=True)
+    monkeypatch.setattr(_pallas_cast, "TRANSPOSED", True)
     monkeypatch.setattr(_devices, "sm90_gpus", lambda: False)
     assert not _pallas_cast.applies(lowp.TensorScaling(), "float8_e4m3fn", shape)
 
