@@ -6,9 +6,9 @@ pattern, a dot of `convert(fp8) * broadcast(scale)`. Measured on the H200 (jax 0
 2026-11-30): it does so when the fp8 codes are inputs of the computation ("c": 0.822 ms,
 bf16 1.574), but with the activation quantized inside the same jit ("b", "bb" behind an
 optimization barrier, "b16" in bf16) the dot ran as a float32 or bf16 GEMM instead
-(3.20 / 3.33 / 1.71 ms), measured while quantize was XLA ops; since 476b3ed it is a
-Pallas kernel on sm_90, which XLA cannot fuse into a GEMM, and "b" is to be measured
-again (lowp_jax's `_dot.TENSORWISE_FORM = "dequantize"` is that form). lowp_jax therefore feeds the codes straight into the dot ("a":
+(3.20 / 3.33 / 1.71 ms), measured while quantize was XLA ops; with the Pallas cast
+(since 476b3ed) "b" still ran as a Triton GEMM fusion (3.270 ms against "a" 0.892 ms,
+2026-11-30). lowp_jax therefore feeds the codes straight into the dot ("a":
 0.966 ms, its fp8 GEMM writing float32 and one fused pass scaling it), which rounds once.
 "f" tries the pattern on the weight side only. "d" (bf16 GEMM output, then the scale
 in bf16) rounds the scale as well and is shown for speed only. "g" writes bf16 and

@@ -18,7 +18,7 @@ saves or costs, `gemms - raw` the price of lowp's float32 output, and
 `flax - raw` what flax spends outside the GEMMs.
 
     python bench/jax_step_parts.py                       # H200: the issue's two shapes
-    python bench/jax_step_parts.py --variants dequantize,xT_copy  # also each switch's other side
+    python bench/jax_step_parts.py --variants xT_copy  # also without the transposed cast kernel
     python bench/jax_step_parts.py --shapes 256x512x384 --recipes float8_tensorwise  # CPU smoke
 """
 
@@ -36,18 +36,17 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import lowp_jax
 from bench import _timing, jax_training
-from lowp_jax import _dot, _pallas_cast
+from lowp_jax import _pallas_cast
 
 RECIPES = ("float8_tensorwise", "float8_rowwise", "float8_rowwise_gw_hp")
 SHAPES = ((16384, 4096, 14336), (16384, 8192, 8192))
 A_BT = (((1,), (1,)), ((), ()))
 GEMMS = ("forward", "dgrad", "wgrad")
 # Step variants: a lowp_jax switch set away from its default while the step is traced
-# (module, attribute, value), and the recipes whose step it changes. "dequantize": the
-# tensorwise dot in XLA's dequantize pattern; "xT_copy": the backward's transposed
-# rowwise operands from a high-precision x.T copy instead of the transposed cast kernel.
+# (module, attribute, value), and the recipes whose step it changes. "xT_copy": the
+# backward's transposed rowwise operands from a high-precision x.T copy instead of the
+# transposed cast kernel.
 VARIANTS = {
-    "dequantize": ((_dot, "TENSORWISE_FORM", "dequantize"), ("float8_tensorwise",)),
     "xT_copy": ((_pallas_cast, "TRANSPOSED", False), ("float8_rowwise", "float8_rowwise_gw_hp")),
 }
 

@@ -381,25 +381,6 @@ def _values(x, dtype) -> jax.Array:
     return x.astype(dtype)
 
 
-# How two tensorwise operands enter `_fp8_dot`: "codes" (the default, below) or
-# "dequantize", XLA's dequantize pattern, a dot of `convert(codes) * scale` whose scalar
-# scales (and output convert) XLA's fp8 rewriter folds into cuBLASLt. The pattern lost
-# the fp8 GEMM when the activation was quantized in XLA ops in the same jit (measured
-# before the Pallas cast, whose codes XLA cannot fuse into a Triton GEMM); this switch,
-# read when a dot is traced, lets a bench time both forms in one run
-# (`bench/jax_step_parts.py --tensorwise-forms`, `bench/jax_fp8_pattern.py` "b").
-TENSORWISE_FORM = "codes"
-
-
-def _tensorwise(q: _qarray.QArray) -> bool:
-    return isinstance(q.scheme, lowp.TensorScaling)
-
-
-def _dequantized(codes, scale) -> jax.Array:
-    """`convert(codes) * scale` in float32: a tensorwise operand in XLA's fp8 pattern."""
-    return codes.astype(jnp.float32) * scale
-
-
 def _fp8_dot(a: _qarray.QArray, b: _qarray.QArray, precision, out_sharding=None) -> jax.Array:
     """fp8 codes into one 2-D dot accumulating in float32, then the decode scales (spec
     §3.1 `d`); the caller rounds to the output dtype.
@@ -419,18 +400,13 @@ def _fp8_dot(a: _qarray.QArray, b: _qarray.QArray, precision, out_sharding=None)
     The codes go into the dot as they are, not in XLA's dequantize pattern (a dot of
     `convert(codes) * scale`, whose scalar scales XLA folds into cuBLASLt): measured on
     the H200 (jax 0.11.2), that pattern reaches the fp8 GEMM only when the codes are
-    inputs of the computation; with the activation quantized in the same jit, XLA's
-    Triton GEMM fusion takes the dot first and runs it in float32, 4x slower.
+    inputs of the computation. With the activation quantized in the same jit, XLA's
+    Triton GEMM fusion takes the dot first and runs it in float32: 4x slower when
+    quantize was XLA ops, and still so with the Pallas cast, whose output XLA cannot
+    fuse (the tensorwise training step at 16384x8192x8192: 103.4 ms and no fp8 GEMM,
+    against 6.23 ms for this form, 2026-11-30).
     """
     lead, k = a.shape[:-1], a.shape[-1]
-    if TENSORWISE_FORM == "dequantize" and _tensorwise(a) and _tensorwise(b):
-        y = _kdot(
-            _dequantized(a.codes.reshape(-1, k), a.scale),
-            _dequantized(b.codes, b.scale),
-            precision,
-            out_sharding,
-        )
-        return y.reshape(lead + (b.shape[0],))
     acc = _kdot(a.codes.reshape(-1, k), b.codes, precision, out_sharding)
     row = a.scale.reshape(-1, 1) if isinstance(a.scheme, lowp.AxisScaling) else a.scale
     col = b.scale.reshape(1, -1) if isinstance(b.scheme, lowp.AxisScaling) else b.scale

@@ -237,28 +237,6 @@ def test_type_errors():
         )
 
 
-def test_tensorwise_dequantize_form_meets_the_gemm_bound(monkeypatch):
-    """The "dequantize" form of two tensorwise operands (`_dot.TENSORWISE_FORM`, kept for
-    measuring on a GPU) is a correct GEMM too: spec §7's SQNR against the float64
-    product, and off the GPU (exact float32 accumulation) its elementwise bound, which
-    the default form meets as well. A GPU accumulates fp8 fast, or float32 in TF32
-    where XLA keeps the float32 dot: SQNR only there, as in the test above."""
-    from lowp_jax import _dot
-
-    config = lowp.InferenceConfig.from_name("float8_tensorwise")
-    x, w = C.operands(C.SHAPES[3], seed=3, hp_dtype=np.float32)
-    a64, b64, exact = _reference(x, w, config)
-    default = lowp_jax.dot_general(x, w, DIMS[3], config=config, impl="fp8")
-    monkeypatch.setattr(_dot, "TENSORWISE_FORM", "dequantize")
-    y = lowp_jax.dot_general(x, w, DIMS[3], config=config, impl="fp8")
-    assert C.sqnr_db(y, exact) >= C.GEMM_SQNR_DB
-    if not ON_GPU:
-        assert not np.array_equal(y, default)  # the switch took effect: another rounding
-        bound = C.gemm_bound(a64, b64, exact, np.float32)
-        for out in (y, default):
-            assert np.all(np.abs(np.asarray(out, np.float64) - exact) <= bound)
-
-
 _FP8_GEMM = "__cublas$lt$matmul$f8"  # XLA's kCublasLtMatmulF8CallTarget (gpu custom call)
 
 
