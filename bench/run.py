@@ -436,7 +436,9 @@ _ROW_IDENTITY = {
 def merge(paths) -> dict:
     """Several runs' results files as one, for a run split over GPU calls. Split by
     section: every ratio compares rows of one section, so each stays within one run.
-    Skips and errors are concatenated; a row measured in two files counts as the later."""
+    Skips and errors are concatenated; a row measured in two files counts as the later,
+    and in a section of shapes (its rows keyed by M, K, N) a shape measured again is
+    the later file's alone: its recipes are compared with the bf16 of their own run."""
     merged = {"meta": [], "sections": {}}
     for path in paths:
         one = json.loads(pathlib.Path(path).read_text())
@@ -446,6 +448,8 @@ def merge(paths) -> dict:
                 name, {"rows": [], "skipped": [], "errors": [], "notes": [], "seconds": 0.0}
             )
             identity = _ROW_IDENTITY[name]
+            if identity[:3] == ("M", "K", "N"):
+                identity = identity[:3]  # a shape measured again replaces all its rows
             names = {tuple(row.get(k) for k in identity) for row in sec["rows"]}
             into["rows"] = [
                 row for row in into["rows"] if tuple(row.get(k) for k in identity) not in names

@@ -86,6 +86,26 @@ def test_merge_gives_the_same_summary(small_run, tmp_path):
     assert merged["summary"] == json.loads(json.dumps(result["summary"]))
 
 
+def test_merge_replaces_a_shape_measured_again(small_run, tmp_path):
+    """A later file that measured a shape again (here only its bf16 rows) replaces every
+    row of that shape, so no recipe is compared with another run's bf16; the other
+    shapes keep the earlier file's rows."""
+    out, _ = small_run
+    first = json.loads((out / "run.json").read_text())
+    sweep = first["sections"]["sweep"]["rows"]
+    again = [dict(r, ms=r["ms"] * 2) for r in sweep if r["M"] == 16 and r["impl"] == "bf16"]
+    later = {
+        "meta": first["meta"],
+        "sections": {"sweep": dict(first["sections"]["sweep"], rows=again)},
+    }
+    (tmp_path / "later.json").write_text(json.dumps(later))
+    merged = run.merge([out / "run.json", tmp_path / "later.json"])
+    rows = merged["sections"]["sweep"]["rows"]
+    assert [r for r in rows if r["M"] == 16] == again
+    assert [r for r in rows if r["M"] != 16] == [r for r in sweep if r["M"] != 16]
+    assert merged["sections"]["linear"]["rows"] == first["sections"]["linear"]["rows"]
+
+
 def test_a_failing_item_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     real = linear_step.make_layer
 
@@ -208,3 +228,36 @@ def test_the_sweep_times_bf16_and_the_recipes_together(small_run):
         }
         others.discard((row["impl"], row["recipe"]))
         assert sorted(row["timed_with"]) == sorted(f"{i} {r}" for i, r in others)
+
+
+def test_host_overhead_bench_times_the_fallback_and_its_parts(tmp_path):
+    """bench/host_overhead.py on this CPU (the kernel check faked, then restored): every
+    variant is timed and written out. (No timing is asserted: that is the GPU's run.)"""
+    from bench import host_overhead
+    from lowp_torch import _training
+
+    real = _training.fp8_kernels_run
+    result = host_overhead.main(
+        ["--k", "32", "--repeats", "3", "--iters", "50", "--out", str(tmp_path / "h.json")]
+    )
+    assert _training.fp8_kernels_run is real
+    us = result["us"]
+    assert set(us) == {
+        "step bf16",
+        "step bf16 #2",
+        "step lowp",
+        "step lowp, F.linear",
+        "fwd bf16",
+        "fwd lowp",
+    }
+    assert all(v > 0 for v in us.values())
+    assert json.loads((tmp_path / "h.json").read_text())["us"] == us
+
+
+def test_host_overhead_bench_refuses_a_shape_outside_the_fallback(monkeypatch):
+    from bench import host_overhead
+    from lowp import _small_shapes
+
+    monkeypatch.setattr(_small_shapes, "call_pays", lambda *a: True)
+    with pytest.raises(ValueError, match="16x32x32 with float8_tensorwise is not in the"):
+        host_overhead.main(["--k", "32", "--repeats", "1", "--iters", "1"])
