@@ -1,8 +1,8 @@
 """The host time lowp_torch's small-shape fallback adds to a launch-bound training step.
 
 Below M*K*N = 2**39 the small-shape policy runs a float8 layer as `F.linear`, bf16's own
-call, yet the H200 sweep (bench/results/h200_sweep_j.json) timed those steps at
-0.85-0.91x of bf16 while a second bf16 layer beside them ran at 0.93-1.03x. A step
+call, yet the H200 sweep (bench/results/h200_sweep_j.json) timed the launch-bound
+ones at 0.85-0.96x of bf16 while a second bf16 layer beside them ran at 0.93-1.03x. A step
 there is host-bound (bf16 ~0.2 ms against ~0.03 ms of GEMMs), so whatever Python lowp
 runs per call is on the clock. This times, side by side (`_timing.time_interleaved`,
 one iteration count, the order rotating), at one small shape:
@@ -15,7 +15,7 @@ one iteration count, the order rotating), at one small shape:
     fwd bf16 / fwd lowp   the forward alone, with grad (the graph is built, not run)
 
 and prints each in microseconds. Off CUDA the fallback is reached by faking the fp8
-kernel check (`--fake-kernels`, the default there), so the Python path is the CUDA one.
+kernel check for the run (always, there), so the Python path is the CUDA one.
 
     python bench/host_overhead.py                  # on the GPU
     python bench/host_overhead.py --k 64           # CPU (faked kernel check)

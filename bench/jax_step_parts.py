@@ -47,7 +47,8 @@ GEMMS = ("forward", "dgrad", "wgrad")
 # backward's transposed rowwise operands from a high-precision x.T copy instead of the
 # transposed cast kernel.
 VARIANTS = {
-    "xT_copy": ((_pallas_cast, "TRANSPOSED", False), ("float8_rowwise", "float8_rowwise_gw_hp")),
+    # float8_rowwise_gw_hp has no transposed rowwise operand: its dgrad's w is tensorwise
+    "xT_copy": ((_pallas_cast, "TRANSPOSED", False), ("float8_rowwise",)),
 }
 
 
@@ -67,9 +68,9 @@ def switched(variant: str | None):
 
 
 def step_call(impl: str, recipe: str | None, x, w, dy, variant: str | None = None):
-    """The compiled forward + backward of `jax_training` and its arguments, with the
-    kernel `w` (N, K) as the layer's (K, N) parameter, traced under `variant`
-    (a key of VARIANTS, or None: lowp_jax as it is)."""
+    """((the compiled forward + backward of `jax_training`, its arguments), how many
+    transposed cast kernels it runs), with the kernel `w` (N, K) as the layer's (K, N)
+    parameter, traced under `variant` (a key of VARIANTS, or None: lowp_jax as it is)."""
     # small_shapes="quantize": the parts are the recipe's, so the step must be too, at
     # any shape (a small one would run in high precision on a GPU under "auto").
     dense = jax_training.make_dense(impl, recipe, w.shape[0], small_shapes="quantize")
@@ -82,8 +83,13 @@ def step_call(impl: str, recipe: str | None, x, w, dy, variant: str | None = Non
         return y, vjp(dy)
 
     with switched(variant):
-        compiled = jax.jit(fwd_bwd).lower(variables, x, dy).compile()
-    return compiled, (variables, x, dy)
+        traced = jax.jit(fwd_bwd).trace(variables, x, dy)
+        compiled = traced.lower().compile()
+    kernels = str(traced.jaxpr).count(f"name={TRANSPOSED_KERNEL}")
+    return (compiled, (variables, x, dy)), kernels
+
+
+TRANSPOSED_KERNEL = "lowp_float8_cast_transposed"  # the Pallas kernel's name (_pallas_cast)
 
 
 def fp8_gemms(compiled) -> int:
@@ -142,14 +148,18 @@ def measure_shape(m, k, n, recipes, timing: _timing.Timing, variants=()) -> list
     x = jax.random.normal(kx, (m, k), jnp.bfloat16)
     w = (jax.random.normal(kw, (n, k), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
     dy = jax.random.normal(kg, (m, n), jnp.bfloat16)
-    labels, calls = [], []
+    labels, calls, kernels = [], [], {}  # kernels: {index of a step: transposed casts}
+
+    def add_step(label, *args):
+        labels.append(label)
+        call, kernels[len(calls)] = step_call(*args)
+        calls.append(call)
+
     for impl in ("bf16", "flax_fp8"):
-        labels.append((impl, impl, "step"))
-        calls.append(step_call(impl, None, x, w, dy))
+        add_step((impl, impl, "step"), impl, None, x, w, dy)
     same = {}
     for recipe in recipes:
-        labels.append(("lowp", recipe, "step"))
-        calls.append(step_call("lowp", recipe, x, w, dy))
+        add_step(("lowp", recipe, "step"), "lowp", recipe, x, w, dy)
         recipe_parts = parts(recipe, x, w, dy)
         same[recipe] = gemms_match_step(calls[-1], recipe_parts["gemms"])
         for part, call in recipe_parts.items():
@@ -157,8 +167,9 @@ def measure_shape(m, k, n, recipes, timing: _timing.Timing, variants=()) -> list
             calls.append(call)
         for variant in variants:
             if recipe in VARIANTS[variant][1]:
-                labels.append(("lowp", f"{recipe} ({variant})", "step"))
-                calls.append(step_call("lowp", recipe, x, w, dy, variant))
+                add_step(
+                    ("lowp", f"{recipe} ({variant})", "step"), "lowp", recipe, x, w, dy, variant
+                )
     results = {}
 
     def runner(fn, args):
@@ -192,6 +203,7 @@ def measure_shape(m, k, n, recipes, timing: _timing.Timing, variants=()) -> list
         )
         if part == "step":
             rows[-1]["fp8_gemms_in_hlo"] = fp8_gemms(calls[len(rows) - 1][0])
+            rows[-1]["transposed_cast_kernels"] = kernels[len(rows) - 1]
         if part == "step" and recipe in same:
             rows[-1]["gemms_match_step"] = same[recipe]
     bf16 = results[("bf16", "bf16", "step")]
