@@ -61,6 +61,9 @@ _MAX_TILE_COLS = 1024
 TRANSPOSED_TILE = (64, 64)
 
 
+# The kernels index x with int32 offsets: one launch covers fewer elements than this.
+MAX_ELEMENTS = 2**31
+
 # Off: every cast goes through XLA (for measuring the two side by side).
 ENABLED = True
 # Off: a transposed cast copies x.T in high precision and takes the row kernel (for
@@ -79,7 +82,7 @@ def applies(
     the kernel's output would have to repeat; XLA's cast runs there instead)."""
     if not ENABLED or (transposed and not TRANSPOSED) or fmt_name not in _FLOAT8 or not shape:
         return False
-    if not 0 < math.prod(shape) < 2**31:
+    if not 0 < math.prod(shape) < MAX_ELEMENTS:
         return False
     if isinstance(scheme, lowp.AxisScaling):
         grouped_axis = len(shape) - (2 if transposed else 1)
@@ -179,12 +182,24 @@ def _group_multiplier_shape(shape: tuple[int, ...], transposed: bool) -> tuple[i
 def _cast_local(x, multiplier, fmt_name: str, fmt_max: float, native: bool, transposed: bool):
     """The kernel over x viewed as (R, C) with the multiplier as (1, 1) or (R, 1); with
     `transposed`, over x viewed as (B, R, C) with the multiplier as (B, 1, C), writing
-    codes (B, C, R)."""
+    codes (B, C, R). A view of MAX_ELEMENTS or more (a batch under vmap, where `applies`
+    saw one tensor of it) is cast in launches of whole rows (matrices) below that."""
     shape = x.shape
     dtype = _FLOAT8[fmt_name]
     if x.size == 0:  # an empty shard, or an empty batch under vmap: no program to launch
         return jnp.zeros(_codes_shape(shape, transposed), dtype)
     encode = functools.partial(_encode, native=native, fmt_max=np.float32(fmt_max), dtype=dtype)
+
+    def call(kernel, x, multiplier, grid, codes_view, name):
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(codes_view, dtype),
+            grid=grid,
+            interpret=not native,
+            compiler_params=plgpu.CompilerParams(num_warps=WARPS, num_stages=1),
+            name=name,
+        )(x, multiplier)
+
     if transposed:
         rows, cols = shape[-2:]
         x = x.reshape(-1, rows, cols)
@@ -193,29 +208,41 @@ def _cast_local(x, multiplier, fmt_name: str, fmt_max: float, native: bool, tran
         kernel = functools.partial(
             _transposed_kernel, rows=rows, cols=cols, tile=tile, encode=encode
         )
-        grid = (x.shape[0], pl.cdiv(rows, tile[0]), pl.cdiv(cols, tile[1]))
-        codes_view, name = (x.shape[0], cols, rows), "lowp_float8_cast_transposed"
+
+        def launch(x, multiplier):
+            grid = (x.shape[0], pl.cdiv(rows, tile[0]), pl.cdiv(cols, tile[1]))
+            view = (x.shape[0], cols, rows)
+            return call(kernel, x, multiplier, grid, view, "lowp_float8_cast_transposed")
+
     else:
         cols = shape[-1]
         x = x.reshape(-1, cols)
-        rows = x.shape[0]
         per_row = multiplier.size > 1
         multiplier = multiplier.reshape(-1, 1)
         tile = tiles(cols)
-        kernel = functools.partial(
-            _kernel, rows=rows, cols=cols, tile=tile, per_row=per_row, encode=encode
-        )
-        grid = (pl.cdiv(rows, tile[0]), pl.cdiv(cols, tile[1]))
-        codes_view, name = (rows, cols), "lowp_float8_cast"
-    codes = pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct(codes_view, dtype),
-        grid=grid,
-        interpret=not native,
-        compiler_params=plgpu.CompilerParams(num_warps=WARPS, num_stages=1),
-        name=name,
-    )(x, multiplier)
-    return codes.reshape(_codes_shape(shape, transposed))
+
+        def launch(x, multiplier):
+            kernel = functools.partial(
+                _kernel, rows=x.shape[0], cols=cols, tile=tile, per_row=per_row, encode=encode
+            )
+            grid = (pl.cdiv(x.shape[0], tile[0]), pl.cdiv(cols, tile[1]))
+            return call(kernel, x, multiplier, grid, x.shape, "lowp_float8_cast")
+
+    return _in_launches(launch, x, multiplier).reshape(_codes_shape(shape, transposed))
+
+
+def _in_launches(launch, x, multiplier):
+    """launch(x, multiplier) over slices of x's first axis of fewer than MAX_ELEMENTS
+    elements each (a multiplier of one slice's worth, shape[0] == 1, is shared), the
+    codes concatenated along it."""
+    per_launch = max((MAX_ELEMENTS - 1) // math.prod(x.shape[1:]), 1)
+    if x.shape[0] <= per_launch:
+        return launch(x, multiplier)
+    pieces = []
+    for start in range(0, x.shape[0], per_launch):
+        part = slice(start, start + per_launch)
+        pieces.append(launch(x[part], multiplier if multiplier.shape[0] == 1 else multiplier[part]))
+    return jnp.concatenate(pieces)
 
 
 # --- sharding: the cast is elementwise, so each device casts its own shard -------------

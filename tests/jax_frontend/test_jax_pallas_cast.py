@@ -407,6 +407,59 @@ def test_quantize_transposed_elsewhere_is_quantize_of_the_transpose():
         _quantize.quantize_transposed([[1.0]], lowp.AxisScaling(), name="w.T")
 
 
+def pallas_launches(jaxpr) -> int:
+    """Pallas kernel launches in a jaxpr, nested jaxprs included (each launch counted,
+    however the printer shares equal ones)."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            count += 1
+            continue
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's, or a Jaxpr
+                if hasattr(inner, "eqns"):
+                    count += pallas_launches(inner)
+    return count
+
+
+@pytest.mark.parametrize("groups", ["tensor", "rows", "columns (transposed)"])
+def test_a_batch_past_the_int32_offsets_is_cast_in_launches(monkeypatch, groups):
+    """Under vmap the kernel sees the whole batch (`_cast_local` of a (5, 40, 24) x here),
+    which may reach MAX_ELEMENTS, its int32 offsets' limit, though each tensor passed
+    `applies`: it is then cast in launches of whole rows or matrices below that, each
+    with its own multipliers (or the one shared), to the same bytes. MAX_ELEMENTS is
+    cut to two tensors' worth plus one; the kernel is interpreted."""
+    transposed = groups.startswith("columns")
+    rng = np.random.default_rng(7)
+    xs = jnp.asarray(np.stack([column_cases((40, 24), "float32", seed=i) for i in range(5)]))
+    m_shape = {"tensor": (1, 1, 1), "rows": (5, 40, 1), "columns (transposed)": (5, 1, 24)}
+    ms = rng.uniform(0.5, 2.0, m_shape[groups]).astype(np.float32)
+    if groups != "tensor":
+        ms.reshape(-1)[-1] = np.nan  # the last tensor's last group is poisoned: code 0
+    ms = jnp.asarray(ms)
+
+    def local():  # a new function each time: a traced one is cached by identity
+        return lambda x, m: _pallas_cast._cast_local(
+            x, m, "float8_e4m3fn", 448.0, False, transposed
+        )
+
+    assert pallas_launches(jax.make_jaxpr(local())(xs, ms).jaxpr) == 1
+    want = np.asarray(local()(xs, ms)).view(np.uint8)
+    monkeypatch.setattr(_pallas_cast, "MAX_ELEMENTS", 2 * 40 * 24 + 1)
+    assert pallas_launches(jax.make_jaxpr(local())(xs, ms).jaxpr) == 3
+    got = np.asarray(local()(xs, ms)).view(np.uint8)
+    np.testing.assert_array_equal(got, want)
+    for i in range(5):  # each tensor by the public cast: the batch's codes are its own
+        m = ms[0, 0, 0] if groups == "tensor" else ms[i]
+        alone = _pallas_cast.cast(
+            xs[i], m, fmt_name="float8_e4m3fn", fmt_max=448.0, native=False, transposed=transposed
+        )
+        np.testing.assert_array_equal(got[i], np.asarray(alone).view(np.uint8))
+    if groups != "tensor":
+        assert not (got[-1, -1] if groups == "rows" else got[-1, -1, :]).any()
+
+
 def test_the_interpreted_transposed_cast_under_vmap_jit_and_grad():
     """A batch of matrices (batched multipliers, shared multipliers, nested vmap, an
     empty batch) gives each its own transposed codes; vmap and grad of
