@@ -10,6 +10,7 @@ the number only where the device would otherwise be idle, as in a training loop.
 
 import dataclasses
 import math
+import random
 import statistics
 import time
 
@@ -79,7 +80,7 @@ def time_interleaved(fns, sync, timing: Timing, same_iters: bool = False) -> lis
     """Time several callables side by side: each warmed up (the warm-up calls' time
     kept) and given its iteration count (`timing.iters`, or what makes a repeat last
     `target_s`), then `timing.repeats` rounds in which every one runs its repeat in turn
-    (the order rotating each round), each reported as the median of its repeats.
+    (in an order shuffled each round, seeded), each reported as the median of its repeats.
 
     For launch-bound calls (the small-shape sweep: a step of ~0.1 ms), whose times
     drift with the host's load and the GPU's clocks over a run: the variants then see
@@ -87,6 +88,11 @@ def time_interleaved(fns, sync, timing: Timing, same_iters: bool = False) -> lis
     same_iters: every callable runs the largest of their iteration counts, so that
     calls expected to take the same time are timed alike (the count comes from timing
     one call, which for a launch-bound call varies by 2x from one call to the next).
+
+    Shuffled, not rotated: rotating keeps each callable's predecessor the same in every
+    round, and on the H200's host a launch-bound step's time moved by ~10 us with what
+    ran before it: of two identical bf16 layers the second was the faster by 7-11 us in
+    each of four runs of bench/host_overhead.py (2026-11-30).
     """
     warmups, iters = [], []
     for fn in fns:
@@ -99,9 +105,11 @@ def time_interleaved(fns, sync, timing: Timing, same_iters: bool = False) -> lis
     if same_iters:
         iters = [max(iters)] * len(fns)
     samples = [[] for _ in fns]
-    for r in range(timing.repeats):
-        for i in range(len(fns)):
-            j = (i + r) % len(fns)
+    order = list(range(len(fns)))
+    shuffle = random.Random(0).shuffle
+    for _ in range(timing.repeats):
+        shuffle(order)
+        for j in order:
             start = time.perf_counter()
             for _ in range(iters[j]):
                 fns[j]()

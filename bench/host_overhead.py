@@ -10,6 +10,12 @@ one iteration count, the order rotating), at one small shape:
     step bf16             nn.Linear forward + backward, grads reset first (linear_step)
     step bf16 #2          a second nn.Linear: the run's noise
     step lowp             lowp_torch's training Linear, in its small-shape fallback
+    step bf16, +5 us      bf16 with 5 us of busy host time before its F.linear: what
+                          host time in a forward costs a step
+    step bf16, +policy    F.linear after lowp's small-shape decision
+                          (`_training.in_high_precision`), its result unused
+    step lowp, linear()   lowp's module calling `_training.linear` directly (without
+                          Linear.forward's checks)
     step lowp, F.linear   the same module with its forward replaced by F.linear: what
                           remains is not lowp's forward code
     fwd bf16 / fwd lowp   the forward alone, with grad (the graph is built, not run)
@@ -17,14 +23,25 @@ one iteration count, the order rotating), at one small shape:
 and prints each in microseconds. Off CUDA the fallback is reached by faking the fp8
 kernel check for the run (always, there), so the Python path is the CUDA one.
 
+--profile then looks for where a difference comes from, step bf16 against step lowp:
+the torch profiler's CPU-side events a step (ops and CUDA runtime calls: a
+synchronisation would show here as cudaStreamSynchronize or aten::item), listing each
+event whose count or host time a step differs, and cProfile's top Python functions a step.
+
     python bench/host_overhead.py                  # on the GPU
     python bench/host_overhead.py --k 64           # CPU (faked kernel check)
+    python bench/host_overhead.py --profile        # and where the time goes
 """
 
 import argparse
+import cProfile
+import functools
+import io
 import json
 import pathlib
+import pstats
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +50,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench import _timing, linear_step
 from lowp_torch import _training
+
+
+def spin(us: float) -> None:
+    """Busy-wait `us` microseconds of host time."""
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
 
 
 def variants(m: int, k: int, recipe: str, device) -> dict:
@@ -44,7 +68,10 @@ def variants(m: int, k: int, recipe: str, device) -> dict:
         for name, impl, r in (
             ("bf16", "bf16", None),
             ("bf16 #2", "bf16_control", None),
+            ("bf16, +5 us", "bf16", None),
+            ("bf16, +policy", "lowp", recipe),
             ("lowp", "lowp", recipe),
+            ("lowp, linear()", "lowp", recipe),
             ("lowp, F.linear", "lowp", recipe),
         )
     }
@@ -56,8 +83,19 @@ def variants(m: int, k: int, recipe: str, device) -> dict:
             f"{m}x{k}x{k} with {recipe} is not in the small-shape fallback here "
             "(the fp8 GEMMs would run): pick a smaller M or K"
         )
-    plain = layers["lowp, F.linear"]
-    plain.forward = lambda x: F.linear(x, plain.weight, plain.bias)
+    forwards = {  # the variants whose forward is replaced
+        "bf16, +5 us": lambda layer, x: (spin(5.0), F.linear(x, layer.weight, layer.bias))[1],
+        "bf16, +policy": lambda layer, x: (
+            _training.in_high_precision(x, layer.weight, layer.recipe, layer.lowering),
+            F.linear(x, layer.weight, layer.bias),
+        )[1],
+        "lowp, linear()": lambda layer, x: _training.linear(
+            x, layer.weight, layer.bias, layer.recipe, layer.lowering
+        ),
+        "lowp, F.linear": lambda layer, x: F.linear(x, layer.weight, layer.bias),
+    }
+    for name, forward in forwards.items():
+        layers[name].forward = functools.partial(forward, layers[name])
     calls = {f"step {name}": linear_step.fwd_bwd(layer, x, dy) for name, layer in layers.items()}
     calls["fwd bf16"] = lambda: layers["bf16"](x)
     calls["fwd lowp"] = lambda: layers["lowp"](x)
@@ -72,6 +110,63 @@ def measure(m: int, k: int, recipe: str, device, timing: _timing.Timing) -> dict
     return {name: round(r.ms * 1e3, 2) for name, r in zip(calls, measured, strict=True)}
 
 
+def profile_events(call, sync, steps: int) -> dict:
+    """{event: (calls a step, host microseconds a step)} of the torch profiler's CPU
+    side over `steps` calls of `call`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(10):
+        call()
+    sync()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            call()
+        sync()
+    return {e.key: (e.count / steps, e.self_cpu_time_total / steps) for e in prof.key_averages()}
+
+
+def event_differences(base: dict, other: dict, top: int = 25) -> list[str]:
+    """Lines for the events whose count a step differs, then the largest host-time
+    differences, between two `profile_events` results."""
+    names = sorted(set(base) | set(other))
+    zero = (0.0, 0.0)
+    rows = [(n, base.get(n, zero), other.get(n, zero)) for n in names]
+    lines = [f"{'event':<48} {'n bf16':>7} {'n lowp':>7} {'us bf16':>8} {'us lowp':>8}"]
+    counted = [r for r in rows if abs(r[1][0] - r[2][0]) > 1e-9]
+    timed = sorted((r for r in rows if r not in counted), key=lambda r: -abs(r[2][1] - r[1][1]))[
+        :top
+    ]
+    for n, (cb, tb), (cl, tl) in counted + timed:
+        lines.append(f"{n[:48]:<48} {cb:7.2f} {cl:7.2f} {tb:8.2f} {tl:8.2f}")
+    return lines
+
+
+def python_profile(call, steps: int, top: int = 12) -> str:
+    """cProfile's top functions by own time over `steps` calls."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        call()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def where_the_time_goes(m: int, k: int, recipe: str, device, steps: int = 300) -> str:
+    """The --profile report: step bf16 against step lowp, events and Python."""
+    calls = variants(m, k, recipe, device)
+    sync = _timing.torch_sync(device)
+    base = profile_events(calls["step bf16"], sync, steps)
+    other = profile_events(calls["step lowp"], sync, steps)
+    parts = [f"# torch profiler, CPU side, per step ({steps} steps each)"]
+    parts += event_differences(base, other)
+    for name in ("step bf16", "step lowp"):
+        parts.append(f"# cProfile, {name}, {steps} steps")
+        parts.append(python_profile(calls[name], steps))
+    return "\n".join(parts)
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--m", type=int, default=16)
@@ -81,6 +176,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--iters", type=int, default=1500, help="calls per repeat")
     parser.add_argument("--out", help="also write the microseconds here as JSON")
+    parser.add_argument("--profile", action="store_true", help="then profile bf16 vs lowp")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     timing = _timing.Timing(
@@ -91,6 +187,7 @@ def main(argv=None) -> dict:
         _training.fp8_kernels_run = lambda *a: True
     try:
         us = measure(args.m, args.k, args.recipe, device, timing)
+        report = where_the_time_goes(args.m, args.k, args.recipe, device) if args.profile else None
     finally:
         _training.fp8_kernels_run = real
     for name, value in us.items():
@@ -100,7 +197,11 @@ def main(argv=None) -> dict:
         f"({us['fwd lowp'] - us['fwd bf16']:.2f} us in its forward); the second bf16 layer "
         f"differs by {us['step bf16 #2'] - us['step bf16']:.2f} us"
     )
+    if report:
+        print(report)
     result = {"M": args.m, "K": args.k, "recipe": args.recipe, "device": str(device), "us": us}
+    if report:
+        result["profile"] = report
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     return result

@@ -190,20 +190,25 @@ def test_jax_section(tmp_path):
     assert set(speedups) == {"flax_fp8", "float8_tensorwise"}
 
 
-def test_interleaved_timing_rotates_the_variants_through_each_round():
-    """Each callable: its warm-up (iterations fixed: no sizing call), then one repeat a round,
-    the round's first callable rotating; one Measured each, in the given order."""
+def test_interleaved_timing_shuffles_the_variants_through_each_round():
+    """Each callable: its warm-up (iterations fixed: no sizing call), then one repeat a
+    round, in an order shuffled each round, so that a callable does not always follow
+    the same one; one Measured each, in the given order."""
     calls = []
     fns = [lambda name=name: calls.append(name) for name in "abc"]
-    timing = _timing.Timing(warmup=2, repeats=3, iters=4)
+    timing = _timing.Timing(warmup=2, repeats=6, iters=4)
     measured = _timing.time_interleaved(fns, lambda: None, timing)
     assert [m.iters for m in measured] == [4, 4, 4]
     assert all(m.ms >= 0 and m.warmup_s >= 0 for m in measured)
     warm, timed = calls[:6], calls[6:]
     assert warm == ["a", "a", "b", "b", "c", "c"]
-    rounds = [timed[i : i + 12] for i in range(0, 36, 12)]
-    assert [r[::4] for r in rounds] == [list("abc"), list("bca"), list("cab")]
+    rounds = [timed[i : i + 12] for i in range(0, 72, 12)]
     assert all(r == [x for x in r[::4] for _ in range(4)] for r in rounds)
+    orders = ["".join(r[::4]) for r in rounds]
+    assert all(sorted(order) == list("abc") for order in orders)
+    before_a = {order[order.index("a") - 1] for order in orders if order[0] != "a"}
+    assert before_a == {"b", "c"}, orders  # rotating would give "a" one predecessor
+    assert _timing.time_interleaved(fns, lambda: None, timing) and calls[-72:] == timed  # seeded
 
 
 def test_same_iters_gives_every_callable_the_largest_count(monkeypatch):
