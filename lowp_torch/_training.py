@@ -274,9 +274,14 @@ def linear(
     gradient is computed in float32 and added into it instead of going to autograd
     (see `lowp_torch.Linear`).
     """
-    device_type = x.device.type
     if in_high_precision(x, weight, recipe, lowering):
-        return _high_precision_linear(x, weight, bias, main_grad, device_type)
+        return high_precision_linear(x, weight, bias, main_grad, x.device.type)
+    return quantized_linear(x, weight, bias, recipe, lowering, main_grad)
+
+
+def quantized_linear(x, weight, bias, recipe, lowering: Lowering, main_grad=None):
+    """`linear` where the small-shape policy has decided to run the recipe."""
+    device_type = x.device.type
     if torch.is_autocast_enabled(device_type):
         x = x.to(torch.get_autocast_dtype(device_type))
     grad_enabled = torch.is_grad_enabled()
@@ -322,7 +327,7 @@ def fp8_kernels_run(recipe, device: torch.device, lowering: Lowering) -> bool:
     return 10 * major + minor >= (100 if block_scaled else 89)
 
 
-def _high_precision_linear(x, weight, bias, main_grad, device_type: str):
+def high_precision_linear(x, weight, bias, main_grad, device_type: str):
     """The layer in high precision (what the small-shape policy falls back to): every
     GEMM in x's dtype (autocast's, under autocast), accumulated in float32 and rounded
     once, as the recipes' high-precision GEMMs and lowp_jax's fallback run; dw in the

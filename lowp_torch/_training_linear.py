@@ -6,6 +6,8 @@ from torch import nn
 from lowp import _recipes, _small_shapes
 from lowp_torch import _log, _qtensor, _training
 
+_DECISIONS_KEPT = 1024  # input sizes a layer remembers its small-shape decision for
+
 
 class Linear(nn.Linear):
     """An nn.Linear whose forward, dgrad and wgrad GEMMs run as a `lowp.Recipe` says.
@@ -83,6 +85,7 @@ class Linear(nn.Linear):
                 f"({_small_shapes.describe(None, in_features, out_features)}); "
                 "small_shapes='quantize' forces fp8",
             )
+        self._decided: dict[tuple[torch.device, int], bool] = {}  # see _in_high_precision
         self._attach_main_grad()
 
     @classmethod
@@ -129,7 +132,32 @@ class Linear(nn.Linear):
         if self.recipe.fp32_weight_grad_accumulation:
             self._attach_main_grad()  # a deepcopy'd Parameter has lost its attributes
             main_grad = self.weight.main_grad
-        return _training.linear(x, self.weight, self.bias, self.recipe, self.lowering, main_grad)
+        if self._in_high_precision(x):
+            return _training.high_precision_linear(
+                x, self.weight, self.bias, main_grad, x.device.type
+            )
+        return _training.quantized_linear(
+            x, self.weight, self.bias, self.recipe, self.lowering, main_grad
+        )
+
+    def _in_high_precision(self, x: torch.Tensor) -> bool:
+        """The small-shape policy's decision (`_training.in_high_precision`), remembered
+        per device and input size, which is all it depends on for this layer: a call
+        then pays a dict lookup for it. Where the policy falls back, the step is
+        launch-bound and its host time is the step's time: on the H200's host, running
+        the policy's Python before bf16's own F.linear cost a training step 12-14 us of
+        ~160 (bench/host_overhead.py, "bf16, +policy"; 2026-11-30), though it takes
+        ~2 us on its own. Traced by torch.compile, it is asked directly."""
+        if torch.compiler.is_compiling():
+            return _training.in_high_precision(x, self.weight, self.recipe, self.lowering)
+        key = (x.device, x.numel())
+        decided = self._decided.get(key)
+        if decided is None:
+            if len(self._decided) >= _DECISIONS_KEPT:  # a model fed ever new shapes
+                self._decided.clear()
+            decided = _training.in_high_precision(x, self.weight, self.recipe, self.lowering)
+            self._decided[key] = decided
+        return decided
 
     def extra_repr(self) -> str:
         return (

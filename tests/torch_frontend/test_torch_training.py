@@ -779,6 +779,42 @@ def test_small_calls_run_the_float_layer_and_large_ones_the_recipe(
     assert "M*K*N = 8*64*32 < 65536" in said[0]
 
 
+def test_a_layer_remembers_its_small_shape_decision_per_device_and_size(
+    fp8_kernels_here, monkeypatch
+):
+    """The policy runs once per input size and device (a 2-D and a 3-D input of as many
+    tokens are one size), its answer reused after, in a store of bounded size."""
+    from lowp_torch import _training_linear
+
+    layer = lowp_torch.Linear(64, 32, recipe="float8_rowwise")
+    asked = unittest.mock.patch.object(
+        _training, "in_high_precision", wraps=_training.in_high_precision
+    )
+    quantized = unittest.mock.patch.object(
+        _training._LinearFunction, "apply", wraps=_training._LinearFunction.apply
+    )
+    with asked as policy, quantized as spy:
+        for shape, expect_quantized in (
+            ((8, 64), False),
+            ((2, 4, 64), False),
+            ((96, 64), True),
+            ((8, 64), False),
+            ((96, 64), True),
+        ):
+            spy.reset_mock()
+            layer(torch.randn(shape, requires_grad=True)).sum().backward()
+            assert spy.called == expect_quantized, shape
+    asks = [c.args[0].shape for c in policy.call_args_list]
+    assert asks == [(8, 64), (96, 64)], asks
+    assert layer._decided == {
+        (torch.device("cpu"), 8 * 64): True,
+        (torch.device("cpu"), 96 * 64): False,
+    }
+    monkeypatch.setattr(_training_linear, "_DECISIONS_KEPT", 2)
+    layer(torch.randn(16, 64)).sum().backward()  # a third size: the store starts over
+    assert layer._decided == {(torch.device("cpu"), 16 * 64): True}
+
+
 def test_small_shapes_quantize_always_runs_the_recipe(fp8_kernels_here):
     layer = lowp_torch.Linear(64, 32, recipe="float8_rowwise", small_shapes="quantize")
     with unittest.mock.patch.object(
