@@ -237,26 +237,35 @@ def test_the_sweep_times_bf16_and_the_recipes_together(small_run):
 
 def test_host_overhead_bench_times_the_fallback_and_its_parts(tmp_path):
     """bench/host_overhead.py on this CPU (the kernel check faked, then restored): every
-    variant is timed and written out. (No timing is asserted: that is the GPU's run.)"""
+    variant is timed and written out, and --profile reports the step's events and Python
+    calls of bf16 and lowp. (No timing is asserted: that is the GPU's run.)"""
     from bench import host_overhead
     from lowp_torch import _training
 
     real = _training.fp8_kernels_run
     result = host_overhead.main(
-        ["--k", "32", "--repeats", "3", "--iters", "50", "--out", str(tmp_path / "h.json")]
+        ["--k", "32", "--repeats", "3", "--iters", "50", "--profile"]
+        + ["--out", str(tmp_path / "h.json")]
     )
     assert _training.fp8_kernels_run is real
     us = result["us"]
     assert set(us) == {
         "step bf16",
         "step bf16 #2",
+        "step bf16, +5 us",
+        "step bf16, +policy",
         "step lowp",
+        "step lowp, linear()",
         "step lowp, F.linear",
         "fwd bf16",
         "fwd lowp",
     }
     assert all(v > 0 for v in us.values())
-    assert json.loads((tmp_path / "h.json").read_text())["us"] == us
+    written = json.loads((tmp_path / "h.json").read_text())
+    assert written["us"] == us
+    report = written["profile"]
+    assert "aten::mm" in report  # the GEMMs, counted in both steps
+    assert "# cProfile, step lowp, 300 steps" in report and "function calls" in report
 
 
 def test_host_overhead_bench_refuses_a_shape_outside_the_fallback(monkeypatch):
