@@ -24,9 +24,11 @@ and prints each in microseconds. Off CUDA the fallback is reached by faking the 
 kernel check for the run (always, there), so the Python path is the CUDA one.
 
 --profile then looks for where a difference comes from, step bf16 against step lowp:
-the torch profiler's CPU-side events a step (ops and CUDA runtime calls: a
-synchronisation would show here as cudaStreamSynchronize or aten::item), listing each
-event whose count or host time a step differs, and cProfile's top Python functions a step.
+the torch profiler's events a step (ops and CUDA runtime calls on the host, where a
+synchronisation would show as cudaStreamSynchronize or aten::item; on CUDA the kernels
+too, with their device time, so that a different kernel choice would show), listing each
+event whose count differs and those whose host or device time differs most, and
+cProfile's top Python functions a step.
 
     python bench/host_overhead.py                  # on the GPU
     python bench/host_overhead.py --k 64           # CPU (faked kernel check)
@@ -110,34 +112,53 @@ def measure(m: int, k: int, recipe: str, device, timing: _timing.Timing) -> dict
     return {name: round(r.ms * 1e3, 2) for name, r in zip(calls, measured, strict=True)}
 
 
-def profile_events(call, sync, steps: int) -> dict:
-    """{event: (calls a step, host microseconds a step)} of the torch profiler's CPU
-    side over `steps` calls of `call`."""
+def profile_events(call, sync, steps: int, device) -> dict:
+    """{event: (calls a step, host microseconds a step, device microseconds a step)} of
+    the torch profiler over `steps` calls of `call`: ops and CUDA runtime calls on the
+    host side, and on CUDA the kernels with their time on the device too."""
     from torch.profiler import ProfilerActivity, profile
 
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
     for _ in range(10):
         call()
     sync()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=activities) as prof:
         for _ in range(steps):
             call()
         sync()
-    return {e.key: (e.count / steps, e.self_cpu_time_total / steps) for e in prof.key_averages()}
+    return {
+        e.key: (
+            e.count / steps,
+            e.self_cpu_time_total / steps,
+            getattr(e, "self_device_time_total", 0.0) / steps,
+        )
+        for e in prof.key_averages()
+    }
 
 
 def event_differences(base: dict, other: dict, top: int = 25) -> list[str]:
-    """Lines for the events whose count a step differs, then the largest host-time
-    differences, between two `profile_events` results."""
+    """Lines for the events whose count a step differs, then the largest host-time and
+    device-time differences, between two `profile_events` results."""
     names = sorted(set(base) | set(other))
-    zero = (0.0, 0.0)
+    zero = (0.0, 0.0, 0.0)
     rows = [(n, base.get(n, zero), other.get(n, zero)) for n in names]
-    lines = [f"{'event':<48} {'n bf16':>7} {'n lowp':>7} {'us bf16':>8} {'us lowp':>8}"]
+    header = f"{'event':<48} {'n bf16':>7} {'n lowp':>7} {'us bf16':>8} {'us lowp':>8}"
+    lines = [header + f" {'dev bf16':>8} {'dev lowp':>8}"]
     counted = [r for r in rows if abs(r[1][0] - r[2][0]) > 1e-9]
-    timed = sorted((r for r in rows if r not in counted), key=lambda r: -abs(r[2][1] - r[1][1]))[
-        :top
-    ]
-    for n, (cb, tb), (cl, tl) in counted + timed:
-        lines.append(f"{n[:48]:<48} {cb:7.2f} {cl:7.2f} {tb:8.2f} {tl:8.2f}")
+
+    def change(r):
+        return abs(r[2][1] - r[1][1]) + abs(r[2][2] - r[1][2])
+
+    timed = sorted((r for r in rows if r not in counted), key=change, reverse=True)[:top]
+    for n, (cb, tb, db), (cl, tl, dl) in counted + timed:
+        lines.append(f"{n[:48]:<48} {cb:7.2f} {cl:7.2f} {tb:8.2f} {tl:8.2f} {db:8.2f} {dl:8.2f}")
+    totals = [sum(v[i] for v in side.values()) for side in (base, other) for i in (1, 2)]
+    lines.append(
+        f"{'(all events)':<48} {'':>7} {'':>7} {totals[0]:8.2f} {totals[2]:8.2f}"
+        f" {totals[1]:8.2f} {totals[3]:8.2f}"
+    )
     return lines
 
 
@@ -157,9 +178,9 @@ def where_the_time_goes(m: int, k: int, recipe: str, device, steps: int = 300) -
     """The --profile report: step bf16 against step lowp, events and Python."""
     calls = variants(m, k, recipe, device)
     sync = _timing.torch_sync(device)
-    base = profile_events(calls["step bf16"], sync, steps)
-    other = profile_events(calls["step lowp"], sync, steps)
-    parts = [f"# torch profiler, CPU side, per step ({steps} steps each)"]
+    base = profile_events(calls["step bf16"], sync, steps, device)
+    other = profile_events(calls["step lowp"], sync, steps, device)
+    parts = [f"# torch profiler, per step ({steps} steps each): host us, and device us on CUDA"]
     parts += event_differences(base, other)
     for name in ("step bf16", "step lowp"):
         parts.append(f"# cProfile, {name}, {steps} steps")
