@@ -89,10 +89,11 @@ def time_interleaved(fns, sync, timing: Timing, same_iters: bool = False) -> lis
     calls expected to take the same time are timed alike (the count comes from timing
     one call, which for a launch-bound call varies by 2x from one call to the next).
 
-    Shuffled, not rotated: rotating keeps each callable's predecessor the same in every
-    round, and on the H200's host a launch-bound step's time moved by ~10 us with what
-    ran before it: of two identical bf16 layers the second was the faster by 7-11 us in
-    each of four runs of bench/host_overhead.py (2026-11-30).
+    Shuffled, not rotated: rotating gives each callable the same predecessor in every
+    round, so whatever what ran before does to a call lands on one variant every time.
+    (On the H200's host, of two identical bf16 layers the first built was 5-13 us
+    slower in all eight runs of bench/host_overhead.py, rotated and shuffled alike:
+    that offset is not the order's. 2026-11-30.)
     """
     warmups, iters = [], []
     for fn in fns:

@@ -145,9 +145,9 @@ class Linear(nn.Linear):
         per device and input size, which is all it depends on for this layer: a call
         then pays a dict lookup for it. Where the policy falls back, the step is
         launch-bound and its host time is the step's time: on the H200's host, running
-        the policy's Python before bf16's own F.linear cost a training step of ~160-240
-        us 4-14 us (bench/host_overhead.py, "bf16, +policy"; 2026-11-30), though it
-        takes ~2 us on its own. Traced by torch.compile, it is asked directly."""
+        the policy's Python before bf16's own F.linear made a training step (~160-240
+        us there) 4-14 us longer (bench/host_overhead.py, "bf16, +policy"; 2026-11-30),
+        though it takes ~2 us on its own. Traced by torch.compile, it is asked directly."""
         if torch.compiler.is_compiling():
             return _training.in_high_precision(x, self.weight, self.recipe, self.lowering)
         key = (x.device, x.numel())
