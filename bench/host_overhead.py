@@ -14,8 +14,6 @@ one iteration count, the order rotating), at one small shape:
                           host time in a forward costs a step
     step bf16, +policy    F.linear after lowp's small-shape decision
                           (`_training.in_high_precision`), its result unused
-    step lowp, linear()   lowp's module calling `_training.linear` directly (without
-                          Linear.forward's checks)
     step lowp, F.linear   the same module with its forward replaced by F.linear: what
                           remains is not lowp's forward code
     fwd bf16 / fwd lowp   the forward alone, with grad (the graph is built, not run)
@@ -73,7 +71,6 @@ def variants(m: int, k: int, recipe: str, device) -> dict:
             ("bf16, +5 us", "bf16", None),
             ("bf16, +policy", "lowp", recipe),
             ("lowp", "lowp", recipe),
-            ("lowp, linear()", "lowp", recipe),
             ("lowp, F.linear", "lowp", recipe),
         )
     }
@@ -91,9 +88,6 @@ def variants(m: int, k: int, recipe: str, device) -> dict:
             _training.in_high_precision(x, layer.weight, layer.recipe, layer.lowering),
             F.linear(x, layer.weight, layer.bias),
         )[1],
-        "lowp, linear()": lambda layer, x: _training.linear(
-            x, layer.weight, layer.bias, layer.recipe, layer.lowering
-        ),
         "lowp, F.linear": lambda layer, x: F.linear(x, layer.weight, layer.bias),
     }
     for name, forward in forwards.items():

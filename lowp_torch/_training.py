@@ -258,15 +258,17 @@ def _along_first_axis(scheme):
 # --- the autograd Function ---
 
 
-def linear(
+def quantized_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     recipe: _recipes.Recipe,
-    lowering: Lowering = Lowering(),
+    lowering: Lowering,
     main_grad: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` with its forward and backward GEMMs run as `recipe` says.
+    """`F.linear(x, weight, bias)` with its forward and backward GEMMs run as `recipe`
+    says: `lowp_torch.Linear`'s call where the small-shape policy (`in_high_precision`)
+    has not sent it to `high_precision_linear`.
 
     y and dx have x's dtype (under autocast, the autocast dtype: x is cast to it, as
     `F.linear` would; the weight is quantized from its own dtype), dw the weight's, db
@@ -274,13 +276,6 @@ def linear(
     gradient is computed in float32 and added into it instead of going to autograd
     (see `lowp_torch.Linear`).
     """
-    if in_high_precision(x, weight, recipe, lowering):
-        return high_precision_linear(x, weight, bias, main_grad, x.device.type)
-    return quantized_linear(x, weight, bias, recipe, lowering, main_grad)
-
-
-def quantized_linear(x, weight, bias, recipe, lowering: Lowering, main_grad=None):
-    """`linear` where the small-shape policy has decided to run the recipe."""
     device_type = x.device.type
     if torch.is_autocast_enabled(device_type):
         x = x.to(torch.get_autocast_dtype(device_type))

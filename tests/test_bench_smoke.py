@@ -255,7 +255,6 @@ def test_host_overhead_bench_times_the_fallback_and_its_parts(tmp_path):
         "step bf16, +5 us",
         "step bf16, +policy",
         "step lowp",
-        "step lowp, linear()",
         "step lowp, F.linear",
         "fwd bf16",
         "fwd lowp",
