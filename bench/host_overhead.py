@@ -31,6 +31,17 @@ cProfile's top Python functions a step.
     python bench/host_overhead.py                  # on the GPU
     python bench/host_overhead.py --k 64           # CPU (faked kernel check)
     python bench/host_overhead.py --profile        # and where the time goes
+    python bench/host_overhead.py --handoff        # the autograd engine's wake-up cost
+
+--handoff asks why host time before a step can cost the step more than itself. On CUDA,
+`backward()` hands the graph to autograd's device thread and waits for it: two thread
+wake-ups a step, whose cost depends on the host (a virtual CPU that halts when idle is
+woken by the hypervisor). It times, per call, the forward and `backward()` apart, with
+a busy-waited gap of 0 to 64 us before each step, for two graphs: "engine" (a view of a
+16-element tensor, one tiny kernel in the backward: the engine's round trip alone) and
+"bf16" (the step above); then lowp's step and the second bf16 layer at gap 0. The gap
+is outside both clocks: a backward that slows as the gap grows pays for its thread's
+idle time. It also records what the host says of its idle states (`host_facts`).
 """
 
 import argparse
@@ -38,8 +49,11 @@ import cProfile
 import functools
 import io
 import json
+import os
 import pathlib
 import pstats
+import random
+import statistics
 import sys
 import time
 
@@ -74,14 +88,7 @@ def variants(m: int, k: int, recipe: str, device) -> dict:
             ("lowp, F.linear", "lowp", recipe),
         )
     }
-    lowp_layer = layers["lowp"]
-    if not _training.in_high_precision(
-        x, lowp_layer.weight, lowp_layer.recipe, lowp_layer.lowering
-    ):
-        raise ValueError(
-            f"{m}x{k}x{k} with {recipe} is not in the small-shape fallback here "
-            "(the fp8 GEMMs would run): pick a smaller M or K"
-        )
+    check_fallback(layers["lowp"], x, recipe)
     forwards = {  # the variants whose forward is replaced
         "bf16, +5 us": lambda layer, x: (spin(5.0), F.linear(x, layer.weight, layer.bias))[1],
         "bf16, +policy": lambda layer, x: (
@@ -96,6 +103,16 @@ def variants(m: int, k: int, recipe: str, device) -> dict:
     calls["fwd bf16"] = lambda: layers["bf16"](x)
     calls["fwd lowp"] = lambda: layers["lowp"](x)
     return calls
+
+
+def check_fallback(layer, x, recipe: str) -> None:
+    """Raise unless lowp's `layer` runs `x` in its small-shape fallback."""
+    if not _training.in_high_precision(x, layer.weight, layer.recipe, layer.lowering):
+        m, k = x.shape
+        raise ValueError(
+            f"{m}x{k}x{layer.out_features} with {recipe} is not in the small-shape fallback "
+            "here (the fp8 GEMMs would run): pick a smaller M or K"
+        )
 
 
 def measure(m: int, k: int, recipe: str, device, timing: _timing.Timing) -> dict:
@@ -182,6 +199,115 @@ def where_the_time_goes(m: int, k: int, recipe: str, device, steps: int = 300) -
     return "\n".join(parts)
 
 
+GAPS_US = (0, 1, 2, 4, 8, 16, 32, 64)
+
+
+def timed_step(forward, leaves, cotangent, gap_us: float):
+    """A training step that returns (forward seconds, backward() seconds): the leaves'
+    grads reset, `gap_us` of busy host time (on neither clock), then
+    `forward().backward(cotangent)`."""
+
+    def call():
+        for leaf in leaves:
+            leaf.grad = None
+        spin(gap_us)
+        start = time.perf_counter()
+        y = forward()
+        mid = time.perf_counter()
+        y.backward(cotangent)
+        return mid - start, time.perf_counter() - mid
+
+    return call
+
+
+def handoff_cases(m: int, k: int, recipe: str, device, gaps=GAPS_US) -> dict:
+    """{name: `timed_step` call} of the --handoff experiment (module docstring)."""
+    p = torch.zeros(16, device=device, requires_grad=True)
+    g = torch.ones(16, device=device)
+    x, weight, dy = linear_step.inputs(m, k, k, device)
+    x = x.requires_grad_(True)
+    layers = {
+        name: linear_step.make_layer(impl, r, weight)
+        for name, impl, r in (
+            ("bf16", "bf16", None),
+            ("bf16 #2", "bf16_control", None),
+            ("lowp", "lowp", recipe),
+        )
+    }
+    check_fallback(layers["lowp"], x, recipe)
+
+    def linear(name, gap):
+        layer = layers[name]
+        return timed_step(lambda: layer(x), [x, *layer.parameters()], dy, gap)
+
+    cases = {f"engine, gap {d} us": timed_step(lambda: p.view(16), [p], g, d) for d in gaps}
+    cases.update({f"bf16, gap {d} us": linear("bf16", d) for d in gaps})
+    cases["lowp, gap 0 us"] = linear("lowp", 0)
+    cases["bf16 #2, gap 0 us"] = linear("bf16 #2", 0)
+    return cases
+
+
+def run_handoff(cases: dict, sync, rounds: int, calls: int, warmup: int = 50) -> dict:
+    """{name: microseconds a call} of each `timed_step` case, interleaved like
+    `_timing.time_interleaved` (an order shuffled each round, seeded; the device
+    synchronised after each case's `calls`): the median and mean of every call's
+    forward and backward() times."""
+    for call in cases.values():
+        for _ in range(warmup):
+            call()
+    sync()
+    samples = {name: ([], []) for name in cases}
+    order = list(cases)
+    shuffle = random.Random(0).shuffle
+    for _ in range(rounds):
+        shuffle(order)
+        for name in order:
+            forwards, backwards = samples[name]
+            for _ in range(calls):
+                forward_s, backward_s = cases[name]()
+                forwards.append(forward_s)
+                backwards.append(backward_s)
+            sync()
+    return {
+        name: {
+            "fwd_median": round(statistics.median(f) * 1e6, 2),
+            "bwd_median": round(statistics.median(b) * 1e6, 2),
+            "bwd_mean": round(statistics.fmean(b) * 1e6, 2),
+            "step_mean": round((statistics.fmean(f) + statistics.fmean(b)) * 1e6, 2),
+        }
+        for name, (f, b) in samples.items()
+    }
+
+
+def host_facts() -> dict:
+    """What the host says of how its idle CPUs sleep (None where it says nothing)."""
+
+    def read(path):
+        try:
+            return pathlib.Path(path).read_text().strip()
+        except OSError:
+            return None
+
+    cpuinfo = read("/proc/cpuinfo") or ""
+    return {
+        "cpus": os.cpu_count(),
+        "hypervisor": " hypervisor" in cpuinfo,
+        "cpuidle_driver": read("/sys/devices/system/cpu/cpuidle/current_driver"),
+        "cpuidle_governor": read("/sys/devices/system/cpu/cpuidle/current_governor_ro"),
+        "guest_halt_poll_ns": read("/sys/module/haltpoll/parameters/guest_halt_poll_ns"),
+    }
+
+
+def format_handoff(us: dict) -> str:
+    lines = [f"{'case':<22} {'fwd med':>8} {'bwd med':>8} {'bwd mean':>9} {'step mean':>10}"]
+    for name, r in us.items():
+        lines.append(
+            f"{name:<22} {r['fwd_median']:8.2f} {r['bwd_median']:8.2f} "
+            f"{r['bwd_mean']:9.2f} {r['step_mean']:10.2f}"
+        )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--m", type=int, default=16)
@@ -192,6 +318,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--iters", type=int, default=1500, help="calls per repeat")
     parser.add_argument("--out", help="also write the microseconds here as JSON")
     parser.add_argument("--profile", action="store_true", help="then profile bf16 vs lowp")
+    parser.add_argument(
+        "--handoff", action="store_true", help="then the engine's wake-up cost (docstring)"
+    )
+    parser.add_argument("--handoff-rounds", type=int, default=21)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     timing = _timing.Timing(
@@ -203,6 +333,12 @@ def main(argv=None) -> dict:
     try:
         us = measure(args.m, args.k, args.recipe, device, timing)
         report = where_the_time_goes(args.m, args.k, args.recipe, device) if args.profile else None
+        handoff = None
+        if args.handoff:
+            cases = handoff_cases(args.m, args.k, args.recipe, device)
+            handoff = run_handoff(
+                cases, _timing.torch_sync(device), args.handoff_rounds, args.iters
+            )
     finally:
         _training.fp8_kernels_run = real
     for name, value in us.items():
@@ -217,6 +353,11 @@ def main(argv=None) -> dict:
     result = {"M": args.m, "K": args.k, "recipe": args.recipe, "device": str(device), "us": us}
     if report:
         result["profile"] = report
+    if handoff:
+        print(f"# --handoff: microseconds a call, host {host_facts()}")
+        print(format_handoff(handoff))
+        result["handoff"] = handoff
+        result["host"] = host_facts()
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     return result

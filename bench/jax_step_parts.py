@@ -20,13 +20,23 @@ saves or costs, `gemms - raw` the price of lowp's float32 output, and
     python bench/jax_step_parts.py                       # H200: the issue's two shapes
     python bench/jax_step_parts.py --variants xT_copy  # also without the transposed cast kernel
     python bench/jax_step_parts.py --shapes 256x512x384 --recipes float8_tensorwise  # CPU smoke
+    python bench/jax_step_parts.py --trace --shapes 16384x8192x8192  # device trace instead
+
+--trace times nothing: it runs the steps (bf16, flax's, each recipe's) under
+`jax.profiler.trace` and sums the device's events a step from the Perfetto trace: each
+kernel's time and count, the stream's busy time (the union of its kernels) and the step's
+span on the device, so that a step longer than its parts shows whether the device idles
+(the host or a dependency) or runs kernels the parts do not have.
 """
 
 import argparse
+import collections
 import contextlib
+import gzip
 import json
 import pathlib
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -144,10 +154,7 @@ def gemms_match_step(step, gemms) -> dict:
 
 
 def measure_shape(m, k, n, recipes, timing: _timing.Timing, variants=()) -> list[dict]:
-    kx, kw, kg = jax.random.split(jax.random.key(0), 3)
-    x = jax.random.normal(kx, (m, k), jnp.bfloat16)
-    w = (jax.random.normal(kw, (n, k), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
-    dy = jax.random.normal(kg, (m, n), jnp.bfloat16)
+    x, w, dy = shape_inputs(m, k, n)
     labels, calls, kernels = [], [], {}  # kernels: {index of a step: transposed casts}
 
     def add_step(label, *args):
@@ -212,6 +219,116 @@ def measure_shape(m, k, n, recipes, timing: _timing.Timing, variants=()) -> list
     return rows
 
 
+def device_events(trace: dict) -> dict:
+    """{thread name: [(name, start us, duration us)]} of the complete events on the trace's
+    device processes (`/device:...`; none on a CPU-only run)."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    devices = {
+        e["pid"]
+        for e in events
+        if e.get("ph") == "M"
+        and e.get("name") == "process_name"
+        and e["args"]["name"].startswith("/device:")
+    }
+    threads = {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] in devices
+    }
+    found = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e["pid"] in devices:
+            thread = threads.get((e["pid"], e["tid"]), str(e["tid"]))
+            found[thread].append((e["name"], float(e["ts"]), float(e.get("dur", 0.0))))
+    return dict(found)
+
+
+def busy_us(spans) -> float:
+    """The time covered by the union of (start, duration) spans."""
+    total, end = 0.0, -float("inf")
+    for start, dur in sorted(spans):
+        if start + dur > end:
+            total += start + dur - max(start, end)
+            end = start + dur
+    return total
+
+
+def summarize_trace(by_thread: dict, steps: int, top: int = 30) -> dict:
+    """A step's device time from `device_events`: per thread, its events' count, summed
+    time, busy time (their union) and span (first start to last end), a step; and the
+    `top` kernels by time a step, with their count a step."""
+    threads, kernels = {}, collections.Counter()
+    counts = collections.Counter()
+    for thread, events in by_thread.items():
+        spans = [(start, dur) for _, start, dur in events]
+        threads[thread] = {
+            "events": round(len(events) / steps, 2),
+            "sum_us": round(sum(d for _, d in spans) / steps, 1),
+            "busy_us": round(busy_us(spans) / steps, 1),
+            "span_us": round((max(s + d for s, d in spans) - min(s for s, _ in spans)) / steps, 1),
+        }
+        for name, _, dur in events:
+            kernels[(thread, name)] += dur
+            counts[(thread, name)] += 1
+    return {
+        "threads": threads,
+        "kernels": [
+            {
+                "thread": thread,
+                "name": name[:160],
+                "us": round(us / steps, 1),
+                "count": round(counts[(thread, name)] / steps, 2),
+            }
+            for (thread, name), us in kernels.most_common(top)
+        ],
+    }
+
+
+def trace_shape(m, k, n, recipes, steps: int = 5) -> list[dict]:
+    """The --trace rows of one shape: each step's `summarize_trace`, from `steps` calls
+    run back to back under jax.profiler.trace after warming up."""
+    x, w, dy = shape_inputs(m, k, n)
+    rows = []
+    labelled = [("bf16", None), ("flax_fp8", None)] + [("lowp", r) for r in recipes]
+    for impl, recipe in labelled:
+        (fn, args), _ = step_call(impl, recipe, x, w, dy)
+        for _ in range(3):
+            jax.block_until_ready(fn(*args))
+        with tempfile.TemporaryDirectory() as log_dir:
+            with jax.profiler.trace(log_dir, create_perfetto_trace=True):
+                outs = [fn(*args) for _ in range(steps)]
+                jax.block_until_ready(outs)
+            (path,) = pathlib.Path(log_dir).rglob("perfetto_trace.json.gz")
+            with gzip.open(path) as f:
+                trace = json.load(f)
+        summary = summarize_trace(device_events(trace), steps)
+        rows.append({"M": m, "K": k, "N": n, "impl": impl, "recipe": recipe or impl, **summary})
+    return rows
+
+
+def format_trace_rows(rows) -> str:
+    lines = []
+    for r in rows:
+        lines.append(f"# {r['M']}x{r['K']}x{r['N']} {r['recipe']}: a step on the device")
+        for thread, t in r["threads"].items():
+            lines.append(
+                f"  {thread[:40]:<40} {t['events']:7.1f} events {t['sum_us']:9.1f} us summed "
+                f"{t['busy_us']:9.1f} busy {t['span_us']:9.1f} span"
+            )
+        for kern in r["kernels"][:15]:
+            lines.append(f"    {kern['us']:9.1f} us x{kern['count']:<5} {kern['name'][:90]}")
+    return "\n".join(lines)
+
+
+def shape_inputs(m, k, n):
+    """x (M, K), w (N, K) and dy (M, N) in bfloat16, the same for every part."""
+    kx, kw, kg = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(kx, (m, k), jnp.bfloat16)
+    w = (jax.random.normal(kw, (n, k), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
+    dy = jax.random.normal(kg, (m, n), jnp.bfloat16)
+    return x, w, dy
+
+
 def format_rows(rows) -> str:
     lines = []
     for r in rows:
@@ -235,6 +352,7 @@ def main(argv=None):
         "each variant that changes it",
     )
     parser.add_argument("--out", help="JSON rows here, rewritten after each shape")
+    parser.add_argument("--trace", action="store_true", help="device traces, no timing")
     args = parser.parse_args(argv)
     variants = tuple(v for v in args.variants.split(",") if v)
     unknown = [v for v in variants if v not in VARIANTS]
@@ -244,6 +362,13 @@ def main(argv=None):
     rows = []
     for shape in args.shapes.split(","):
         m, k, n = (int(v) for v in shape.split("x"))
+        if args.trace:
+            shape_rows = trace_shape(m, k, n, args.recipes.split(","))
+            print(format_trace_rows(shape_rows), flush=True)
+            rows += shape_rows
+            if args.out:
+                pathlib.Path(args.out).write_text(json.dumps({"rows": rows}, indent=1))
+            continue
         shape_rows = measure_shape(m, k, n, args.recipes.split(","), timing, variants)
         print(format_rows(shape_rows), flush=True)
         for row in shape_rows:

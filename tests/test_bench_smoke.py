@@ -267,6 +267,36 @@ def test_host_overhead_bench_times_the_fallback_and_its_parts(tmp_path):
     assert "# cProfile, step lowp, 300 steps" in report and "function calls" in report
 
 
+def test_host_overhead_handoff_times_forward_and_backward_apart_at_each_gap(tmp_path):
+    """--handoff: every gap of both graphs, then lowp's step and the second bf16 layer,
+    each with its per-call forward and backward() times; the gap is on neither clock (64 us
+    of busy-waiting does not reach the engine graph's forward, a view), and the host's
+    idle-state facts are recorded beside them."""
+    from bench import host_overhead
+
+    result = host_overhead.main(
+        ["--k", "32", "--repeats", "1", "--iters", "20", "--handoff", "--handoff-rounds", "2"]
+        + ["--out", str(tmp_path / "h.json")]
+    )
+    handoff = json.loads((tmp_path / "h.json").read_text())["handoff"]
+    assert handoff == result["handoff"]
+    gaps = host_overhead.GAPS_US
+    assert list(handoff) == [f"engine, gap {d} us" for d in gaps] + [
+        f"bf16, gap {d} us" for d in gaps
+    ] + ["lowp, gap 0 us", "bf16 #2, gap 0 us"]
+    for r in handoff.values():
+        assert 0 < r["fwd_median"] and 0 < r["bwd_median"] <= r["step_mean"] * 10
+        assert r["step_mean"] > r["bwd_mean"]
+    assert handoff["engine, gap 64 us"]["fwd_median"] < 64
+    assert set(result["host"]) == {
+        "cpus",
+        "hypervisor",
+        "cpuidle_driver",
+        "cpuidle_governor",
+        "guest_halt_poll_ns",
+    }
+
+
 def test_host_overhead_bench_refuses_a_shape_outside_the_fallback(monkeypatch):
     from bench import host_overhead
     from lowp import _small_shapes

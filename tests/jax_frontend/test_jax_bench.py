@@ -73,6 +73,51 @@ def test_fp8_pattern_bench_runs_its_variants(capsys):
         assert "not run: ValueError" in lines["h"], lines["h"]
 
 
+def test_step_parts_trace_sums_a_steps_device_events():
+    """--trace's summary on a hand-made Perfetto trace: only the device processes' events
+    count, per thread a step (summed, their union, first start to last end), and the
+    kernels by time a step."""
+    bench = _bench("jax_step_parts")
+    trace = {
+        "traceEvents": [
+            {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+            {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+            {"ph": "M", "pid": 2, "tid": 7, "name": "thread_name", "args": {"name": "Stream #1"}},
+            {"ph": "X", "pid": 1, "tid": 3, "ts": 0, "dur": 500, "name": "host work"},
+            # two steps: gemm [0, 10) and cast [5, 12) overlap; then gemm [20, 30)
+            {"ph": "X", "pid": 2, "tid": 7, "ts": 0, "dur": 10, "name": "gemm"},
+            {"ph": "X", "pid": 2, "tid": 7, "ts": 5, "dur": 7, "name": "cast"},
+            {"ph": "X", "pid": 2, "tid": 7, "ts": 20, "dur": 10, "name": "gemm"},
+        ]
+    }
+    events = bench.device_events(trace)
+    assert events == {"Stream #1": [("gemm", 0.0, 10.0), ("cast", 5.0, 7.0), ("gemm", 20.0, 10.0)]}
+    summary = bench.summarize_trace(events, steps=2)
+    assert summary["threads"] == {
+        "Stream #1": {"events": 1.5, "sum_us": 13.5, "busy_us": 11.0, "span_us": 15.0}
+    }
+    assert summary["kernels"] == [
+        {"thread": "Stream #1", "name": "gemm", "us": 10.0, "count": 1.0},
+        {"thread": "Stream #1", "name": "cast", "us": 3.5, "count": 0.5},
+    ]
+    assert bench.busy_us([(0, 4), (1, 2), (10, 1)]) == 5.0
+
+
+def test_step_parts_trace_runs_each_step_under_the_profiler(tmp_path):
+    """--trace writes a row per step (bf16, flax's, each recipe), with no timing; a CPU
+    trace has no device process, so its summary is empty there."""
+    bench = _bench("jax_step_parts")
+    out = tmp_path / "trace.json"
+    bench.main(
+        ["--trace", "--shapes", "64x128x96", "--recipes", "float8_rowwise"] + ["--out", str(out)]
+    )
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["recipe"] for r in rows] == ["bf16", "flax_fp8", "float8_rowwise"]
+    on_gpu = jax.default_backend() == "gpu"
+    for row in rows:
+        assert bool(row["threads"]) == on_gpu and bool(row["kernels"]) == on_gpu
+
+
 def test_step_parts_bench_takes_the_step_apart(tmp_path):
     """bench/jax_step_parts.py: every part is timed, and its GEMMs on the operands of
     `training_operands` reproduce the step's y, dx and dw bit for bit, so the parts
