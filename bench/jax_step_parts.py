@@ -20,6 +20,7 @@ saves or costs, `gemms - raw` the price of lowp's float32 output, and
     python bench/jax_step_parts.py                       # H200: the issue's two shapes
     python bench/jax_step_parts.py --variants xT_copy  # also without the transposed cast kernel
     python bench/jax_step_parts.py --shapes 256x512x384 --recipes float8_tensorwise  # CPU smoke
+    python bench/jax_step_parts.py --variants bf16_scalar,bf16_barrier --no-parts  # steps only
     python bench/jax_step_parts.py --trace --shapes 16384x8192x8192  # device trace instead
 
 --trace times nothing: it runs the steps (bf16, flax's, each recipe's) under
@@ -46,7 +47,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import lowp_jax
 from bench import _timing, jax_training
-from lowp_jax import _pallas_cast
+from lowp_jax import _dot, _pallas_cast
 
 RECIPES = ("float8_tensorwise", "float8_rowwise", "float8_rowwise_gw_hp")
 SHAPES = ((16384, 4096, 14336), (16384, 8192, 8192))
@@ -55,10 +56,18 @@ GEMMS = ("forward", "dgrad", "wgrad")
 # Step variants: a lowp_jax switch set away from its default while the step is traced
 # (module, attribute, value), and the recipes whose step it changes. "xT_copy": the
 # backward's transposed rowwise operands from a high-precision x.T copy instead of the
-# transposed cast kernel.
+# transposed cast kernel. A variant step's row says how its y, dx and dw differ from
+# the default step's (`outputs_differ`).
 VARIANTS = {
     # float8_rowwise_gw_hp has no transposed rowwise operand: its dgrad's w is tensorwise
     "xT_copy": ((_pallas_cast, "TRANSPOSED", False), ("float8_rowwise",)),
+    # the fp8 GEMMs writing bfloat16 (`_dot._gemm_output_form`): flax's form for two
+    # tensorwise operands, and a barrier'd bfloat16 output for power-of-two scales
+    "bf16_scalar": ((_dot, "GEMM_OUTPUT", "bf16_scalar"), ("float8_tensorwise",)),
+    "bf16_barrier": (
+        (_dot, "GEMM_OUTPUT", "bf16_barrier"),
+        ("float8_rowwise", "float8_rowwise_gw_hp"),
+    ),
 }
 
 
@@ -153,9 +162,32 @@ def gemms_match_step(step, gemms) -> dict:
     }
 
 
-def measure_shape(m, k, n, recipes, timing: _timing.Timing, variants=()) -> list[dict]:
+def outputs_differ(step, reference) -> dict:
+    """{output: (fraction of its elements that differ, largest difference over the
+    reference's largest magnitude)} of two steps' y, dx and dw."""
+
+    def outputs(call):
+        fn, args = call
+        y, (grads, dx) = fn(*args)
+        return {"y": y, "dx": dx, "dw": grads["params"]["kernel"]}
+
+    got, want = outputs(step), outputs(reference)
+    result = {}
+    for name, ref in want.items():
+        a, b = got[name].astype(jnp.float32), ref.astype(jnp.float32)
+        result[name] = (
+            round(float(jnp.mean(a != b)), 6),
+            float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))),
+        )
+    return result
+
+
+def measure_shape(
+    m, k, n, recipes, timing: _timing.Timing, variants=(), with_parts=True
+) -> list[dict]:
     x, w, dy = shape_inputs(m, k, n)
     labels, calls, kernels = [], [], {}  # kernels: {index of a step: transposed casts}
+    differ = {}  # {index of a variant step: outputs_differ from its recipe's step}
 
     def add_step(label, *args):
         labels.append(label)
@@ -167,16 +199,19 @@ def measure_shape(m, k, n, recipes, timing: _timing.Timing, variants=()) -> list
     same = {}
     for recipe in recipes:
         add_step(("lowp", recipe, "step"), "lowp", recipe, x, w, dy)
-        recipe_parts = parts(recipe, x, w, dy)
-        same[recipe] = gemms_match_step(calls[-1], recipe_parts["gemms"])
-        for part, call in recipe_parts.items():
-            labels.append(("lowp", recipe, part))
-            calls.append(call)
+        default = calls[-1]
+        if with_parts:
+            recipe_parts = parts(recipe, x, w, dy)
+            same[recipe] = gemms_match_step(default, recipe_parts["gemms"])
+            for part, call in recipe_parts.items():
+                labels.append(("lowp", recipe, part))
+                calls.append(call)
         for variant in variants:
             if recipe in VARIANTS[variant][1]:
                 add_step(
                     ("lowp", f"{recipe} ({variant})", "step"), "lowp", recipe, x, w, dy, variant
                 )
+                differ[len(calls) - 1] = outputs_differ(calls[-1], default)
     results = {}
 
     def runner(fn, args):
@@ -213,6 +248,8 @@ def measure_shape(m, k, n, recipes, timing: _timing.Timing, variants=()) -> list
             rows[-1]["transposed_cast_kernels"] = kernels[len(rows) - 1]
         if part == "step" and recipe in same:
             rows[-1]["gemms_match_step"] = same[recipe]
+        if len(rows) - 1 in differ:
+            rows[-1]["outputs_differ"] = differ[len(rows) - 1]
     bf16 = results[("bf16", "bf16", "step")]
     for row in rows:
         row["of_bf16_step"] = round(row["ms"] / bf16, 3)
@@ -284,14 +321,18 @@ def summarize_trace(by_thread: dict, steps: int, top: int = 30) -> dict:
     }
 
 
-def trace_shape(m, k, n, recipes, steps: int = 5) -> list[dict]:
+def trace_shape(m, k, n, recipes, variants=(), steps: int = 5) -> list[dict]:
     """The --trace rows of one shape: each step's `summarize_trace`, from `steps` calls
-    run back to back under jax.profiler.trace after warming up."""
+    run back to back under jax.profiler.trace after warming up (each recipe's step, and
+    its step under each variant that changes it)."""
     x, w, dy = shape_inputs(m, k, n)
     rows = []
-    labelled = [("bf16", None), ("flax_fp8", None)] + [("lowp", r) for r in recipes]
-    for impl, recipe in labelled:
-        (fn, args), _ = step_call(impl, recipe, x, w, dy)
+    labelled = [("bf16", None, None), ("flax_fp8", None, None)]
+    for recipe in recipes:
+        labelled.append(("lowp", recipe, None))
+        labelled += [("lowp", recipe, v) for v in variants if recipe in VARIANTS[v][1]]
+    for impl, recipe, variant in labelled:
+        (fn, args), _ = step_call(impl, recipe, x, w, dy, variant)
         for _ in range(3):
             jax.block_until_ready(fn(*args))
         with tempfile.TemporaryDirectory() as log_dir:
@@ -302,7 +343,8 @@ def trace_shape(m, k, n, recipes, steps: int = 5) -> list[dict]:
             with gzip.open(path) as f:
                 trace = json.load(f)
         summary = summarize_trace(device_events(trace), steps)
-        rows.append({"M": m, "K": k, "N": n, "impl": impl, "recipe": recipe or impl, **summary})
+        label = (recipe or impl) + (f" ({variant})" if variant else "")
+        rows.append({"M": m, "K": k, "N": n, "impl": impl, "recipe": label, **summary})
     return rows
 
 
@@ -353,6 +395,9 @@ def main(argv=None):
     )
     parser.add_argument("--out", help="JSON rows here, rewritten after each shape")
     parser.add_argument("--trace", action="store_true", help="device traces, no timing")
+    parser.add_argument(
+        "--no-parts", action="store_true", help="time the steps only (fewer compiles)"
+    )
     args = parser.parse_args(argv)
     variants = tuple(v for v in args.variants.split(",") if v)
     unknown = [v for v in variants if v not in VARIANTS]
@@ -363,13 +408,15 @@ def main(argv=None):
     for shape in args.shapes.split(","):
         m, k, n = (int(v) for v in shape.split("x"))
         if args.trace:
-            shape_rows = trace_shape(m, k, n, args.recipes.split(","))
+            shape_rows = trace_shape(m, k, n, args.recipes.split(","), variants)
             print(format_trace_rows(shape_rows), flush=True)
             rows += shape_rows
             if args.out:
                 pathlib.Path(args.out).write_text(json.dumps({"rows": rows}, indent=1))
             continue
-        shape_rows = measure_shape(m, k, n, args.recipes.split(","), timing, variants)
+        shape_rows = measure_shape(
+            m, k, n, args.recipes.split(","), timing, variants, not args.no_parts
+        )
         print(format_rows(shape_rows), flush=True)
         for row in shape_rows:
             if "gemms_match_step" in row:
@@ -378,6 +425,8 @@ def main(argv=None):
                     f"{row['gemms_match_step']}",
                     flush=True,
                 )
+            if "outputs_differ" in row:
+                print(f"{row['recipe']}: against the default step {row['outputs_differ']}")
         rows += shape_rows
         if args.out:  # after each shape: a run cut short keeps what it measured
             meta = {"jax": jax.__version__, "device": jax.devices()[0].device_kind}

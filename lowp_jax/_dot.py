@@ -316,7 +316,7 @@ def _forward(lhs, rhs, plan: _Plan):
     impl, reason = _choose(a, b, plan.impl)
     logger.debug(f"dot_general {_describe(a)} x {_describe(b)}: impl={impl!r} ({reason})")
     if impl == "fp8":
-        y = _fp8_dot(a, b, plan.precision, plan.out_sharding)
+        y = _fp8_dot(a, b, plan.precision, plan.out_dtype, plan.out_sharding)
     elif impl == "scaled_matmul":
         y = _block_scaled_dot(a, b)
     elif impl == "dequantize":
@@ -362,14 +362,15 @@ def _differentiated(primal, tangent) -> bool:
     )
 
 
-def _kdot(a, b, precision, out_sharding=None) -> jax.Array:
-    """a (..., K) times b (N, K) contracting K, accumulated in float32."""
+def _kdot(a, b, precision, out_sharding=None, written=jnp.float32) -> jax.Array:
+    """a (..., K) times b (N, K) contracting K, accumulated in float32 and written in
+    `written`."""
     return lax.dot_general(
         a,
         b,
         (((a.ndim - 1,), (1,)), ((), ())),
         precision=precision,
-        preferred_element_type=jnp.float32,
+        preferred_element_type=written,
         out_sharding=out_sharding,
     )
 
@@ -381,7 +382,9 @@ def _values(x, dtype) -> jax.Array:
     return x.astype(dtype)
 
 
-def _fp8_dot(a: _qarray.QArray, b: _qarray.QArray, precision, out_sharding=None) -> jax.Array:
+def _fp8_dot(
+    a: _qarray.QArray, b: _qarray.QArray, precision, out_dtype, out_sharding=None
+) -> jax.Array:
     """fp8 codes into one 2-D dot accumulating in float32, then the decode scales (spec
     §3.1 `d`); the caller rounds to the output dtype.
 
@@ -407,10 +410,44 @@ def _fp8_dot(a: _qarray.QArray, b: _qarray.QArray, precision, out_sharding=None)
     against 6.23 ms for this form, 2026-11-30).
     """
     lead, k = a.shape[:-1], a.shape[-1]
-    acc = _kdot(a.codes.reshape(-1, k), b.codes, precision, out_sharding)
+    codes_a = a.codes.reshape(-1, k)
     row = a.scale.reshape(-1, 1) if isinstance(a.scheme, lowp.AxisScaling) else a.scale
     col = b.scale.reshape(1, -1) if isinstance(b.scheme, lowp.AxisScaling) else b.scale
-    return (acc * (row * col)).reshape(lead + (b.shape[0],))
+    form = _gemm_output_form(a.scheme, b.scheme, out_dtype)
+    if form == "float32":
+        y = _kdot(codes_a, b.codes, precision, out_sharding) * (row * col)
+    elif form == "bf16_scalar":
+        y = _kdot(codes_a, b.codes, precision, out_sharding, jnp.bfloat16)
+        y = y * (row * col).astype(jnp.bfloat16)
+    else:  # "bf16_barrier"
+        y = lax.optimization_barrier(_kdot(codes_a, b.codes, precision, out_sharding, jnp.bfloat16))
+        y = y * row.astype(jnp.bfloat16) * col.astype(jnp.bfloat16)
+    return y.reshape(lead + (b.shape[0],))
+
+
+# What the fp8 GEMM writes (`_gemm_output_form`): "float32" always, or a bfloat16 form
+# where it applies. A switch for bench/jax_step_parts.py's variants, timed on the H200.
+GEMM_OUTPUT = "float32"
+
+
+def _gemm_output_form(sa, sb, out_dtype) -> str:
+    """How `_fp8_dot` gets from the GEMM to the scaled output:
+    - "float32": the GEMM writes float32, the scales multiply it, the caller rounds once;
+    - "bf16_scalar" (GEMM_OUTPUT, for two tensorwise operands and a bfloat16 output):
+      the GEMM writes bfloat16 times the scalar scale rounded to bfloat16, flax's form,
+      which XLA folds into cuBLASLt's fp8 GEMM (one rounding, the scale's own rounding
+      within 2**-9 of it: under one bfloat16 ulp with it, spec §7);
+    - "bf16_barrier" (GEMM_OUTPUT, for power-of-two scales and a bfloat16 output): the
+      GEMM writes bfloat16, an optimization barrier keeps XLA from fusing the scaling
+      into it, and the scales multiply in bfloat16, exactly (a power of two).
+    """
+    bf16_out = np.dtype(out_dtype) == jnp.bfloat16
+    tensorwise = isinstance(sa, lowp.TensorScaling) and isinstance(sb, lowp.TensorScaling)
+    if GEMM_OUTPUT == "bf16_scalar" and bf16_out and tensorwise:
+        return "bf16_scalar"
+    if GEMM_OUTPUT == "bf16_barrier" and bf16_out and sa.pow2 and sb.pow2:
+        return "bf16_barrier"
+    return "float32"
 
 
 def _block_scaled_dot(a: _qarray.QArray, b: _qarray.QArray) -> jax.Array:

@@ -1,12 +1,13 @@
 """`lowp_torch.Linear` and `convert_to_training`: nn.Linear layers trained with a recipe."""
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lowp import _recipes, _small_shapes
 from lowp_torch import _log, _qtensor, _training
 
-_DECISIONS_KEPT = 1024  # input sizes a layer remembers its small-shape decision for
+_DECISIONS_KEPT = 1024  # input shapes a layer remembers its small-shape decision for
 
 
 class Linear(nn.Linear):
@@ -85,7 +86,7 @@ class Linear(nn.Linear):
                 f"({_small_shapes.describe(None, in_features, out_features)}); "
                 "small_shapes='quantize' forces fp8",
             )
-        self._decided: dict[tuple[torch.device, int], bool] = {}  # see _in_high_precision
+        self._decided: dict[tuple[torch.Size, torch.device], str] = {}  # see _decide
         self._attach_main_grad()
 
     @classmethod
@@ -123,16 +124,26 @@ class Linear(nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 0 or x.shape[-1] != self.in_features:
-            raise ValueError(
-                f"{self.lowering.name}: the input's last dim must be in_features="
-                f"{self.in_features}, got shape {tuple(x.shape)}"
+        if torch.compiler.is_compiling():  # traced once: the policy is asked directly
+            self._check_input(x)
+            return self._run(
+                x, _training.in_high_precision(x, self.weight, self.recipe, self.lowering)
             )
+        fallback = self._decided.get((x.shape, x.device))
+        if fallback is None:
+            fallback = self._decide(x)
+        if fallback and not self.recipe.fp32_weight_grad_accumulation:
+            weight, bias = self._weight_and_bias()
+            if weight.dtype == x.dtype and not torch.is_autocast_enabled(fallback):
+                return F.linear(x, weight, bias)  # the float layer's own call
+        return self._run(x, bool(fallback))
+
+    def _run(self, x: torch.Tensor, high_precision: bool) -> torch.Tensor:
         main_grad = None
         if self.recipe.fp32_weight_grad_accumulation:
             self._attach_main_grad()  # a deepcopy'd Parameter has lost its attributes
             main_grad = self.weight.main_grad
-        if self._in_high_precision(x):
+        if high_precision:
             return _training.high_precision_linear(
                 x, self.weight, self.bias, main_grad, x.device.type
             )
@@ -140,24 +151,42 @@ class Linear(nn.Linear):
             x, self.weight, self.bias, self.recipe, self.lowering, main_grad
         )
 
-    def _in_high_precision(self, x: torch.Tensor) -> bool:
-        """The small-shape policy's decision (`_training.in_high_precision`), remembered
-        per device and input size, which is all it depends on for this layer: a call
-        then pays a dict lookup for it. Where the policy falls back, the step is
-        launch-bound and its host time is the step's time: on the H200's host, running
-        the policy's Python before bf16's own F.linear made a training step (~160-240
-        us there) 4-14 us longer (bench/host_overhead.py, "bf16, +policy"; 2026-11-30),
-        though it takes ~2 us on its own. Traced by torch.compile, it is asked directly."""
-        if torch.compiler.is_compiling():
-            return _training.in_high_precision(x, self.weight, self.recipe, self.lowering)
-        key = (x.device, x.numel())
-        decided = self._decided.get(key)
-        if decided is None:
-            if len(self._decided) >= _DECISIONS_KEPT:  # a model fed ever new shapes
-                self._decided.clear()
-            decided = _training.in_high_precision(x, self.weight, self.recipe, self.lowering)
-            self._decided[key] = decided
-        return decided
+    def _check_input(self, x: torch.Tensor) -> None:
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"{self.lowering.name}: the input's last dim must be in_features="
+                f"{self.in_features}, got shape {tuple(x.shape)}"
+            )
+
+    def _decide(self, x: torch.Tensor) -> str:
+        """Check `x`, ask the small-shape policy (`_training.in_high_precision`) and
+        remember its answer for x's shape and device, which is all it depends on for this
+        layer, so that the next call of that shape pays a dict lookup for it: x's device
+        type ("cuda") where the call falls back to high precision, the one autocast is
+        asked about then (`x.device.type` took 0.2 us a call on this 2-core CPU), and ""
+        where it runs the recipe. Where the
+        policy falls back, the step is launch-bound and its host time is the step's time:
+        on the H200's host, running the policy's Python before bf16's own F.linear made a
+        training step (~160-240 us there) 4-14 us longer (bench/host_overhead.py, "bf16,
+        +policy"; 2026-11-30), though it takes ~2 us on its own."""
+        self._check_input(x)
+        if len(self._decided) >= _DECISIONS_KEPT:  # a model fed ever new shapes
+            self._decided.clear()
+        high = _training.in_high_precision(x, self.weight, self.recipe, self.lowering)
+        fallback = x.device.type if high else ""
+        self._decided[(x.shape, x.device)] = fallback
+        return fallback
+
+    def _weight_and_bias(self) -> tuple:
+        """self.weight and self.bias, read from the module's `_parameters` where they are
+        registered there: nn.Module finds a parameter attribute through its __getattr__,
+        ~0.4 us a lookup on this 2-core CPU, which nn.Linear's forward pays twice and the
+        launch-bound fallback step pays on its clock. A parametrized weight or bias
+        (torch.nn.utils.parametrize) is a property, not in `_parameters`: read as one."""
+        params = self._parameters  # not params.get(name, self.name): that looks it up anyway
+        weight = params["weight"] if "weight" in params else self.weight  # noqa: SIM401
+        bias = params["bias"] if "bias" in params else self.bias  # noqa: SIM401
+        return weight, bias
 
     def extra_repr(self) -> str:
         return (

@@ -779,11 +779,11 @@ def test_small_calls_run_the_float_layer_and_large_ones_the_recipe(
     assert "M*K*N = 8*64*32 < 65536" in said[0]
 
 
-def test_a_layer_remembers_its_small_shape_decision_per_device_and_size(
+def test_a_layer_remembers_its_small_shape_decision_per_shape_and_device(
     fp8_kernels_here, monkeypatch
 ):
-    """The policy runs once per input size and device (a 2-D and a 3-D input of as many
-    tokens are one size), its answer reused after, in a store of bounded size."""
+    """The policy runs once per input shape and device, its answer reused after, in a
+    store of bounded size; a remembered fallback is the float layer's F.linear itself."""
     from lowp_torch import _training_linear
 
     layer = lowp_torch.Linear(64, 32, recipe="float8_rowwise")
@@ -793,7 +793,8 @@ def test_a_layer_remembers_its_small_shape_decision_per_device_and_size(
     quantized = unittest.mock.patch.object(
         _training._LinearFunction, "apply", wraps=_training._LinearFunction.apply
     )
-    with asked as policy, quantized as spy:
+    plain = unittest.mock.patch.object(_training_linear.F, "linear", wraps=F.linear)
+    with asked as policy, quantized as spy, plain as linear:
         for shape, expect_quantized in (
             ((8, 64), False),
             ((2, 4, 64), False),
@@ -802,17 +803,52 @@ def test_a_layer_remembers_its_small_shape_decision_per_device_and_size(
             ((96, 64), True),
         ):
             spy.reset_mock()
+            linear.reset_mock()
             layer(torch.randn(shape, requires_grad=True)).sum().backward()
             assert spy.called == expect_quantized, shape
+            assert linear.called != expect_quantized, shape
     asks = [c.args[0].shape for c in policy.call_args_list]
-    assert asks == [(8, 64), (96, 64)], asks
-    assert layer._decided == {
-        (torch.device("cpu"), 8 * 64): True,
-        (torch.device("cpu"), 96 * 64): False,
+    assert asks == [(8, 64), (2, 4, 64), (96, 64)], asks
+    cpu = torch.device("cpu")
+    assert layer._decided == {  # the device type where it falls back, "" where not
+        ((8, 64), cpu): "cpu",
+        ((2, 4, 64), cpu): "cpu",
+        ((96, 64), cpu): "",
     }
-    monkeypatch.setattr(_training_linear, "_DECISIONS_KEPT", 2)
-    layer(torch.randn(16, 64)).sum().backward()  # a third size: the store starts over
-    assert layer._decided == {(torch.device("cpu"), 16 * 64): True}
+    with pytest.raises(ValueError, match=r"last dim must be in_features=64, got shape \(8, 32\)"):
+        layer(torch.randn(8, 32))  # checked before anything is remembered
+    monkeypatch.setattr(_training_linear, "_DECISIONS_KEPT", 3)
+    layer(torch.randn(16, 64)).sum().backward()  # a fourth shape: the store starts over
+    assert layer._decided == {((16, 64), cpu): "cpu"}
+
+
+def test_the_remembered_fallback_reads_a_parametrized_weight_and_follows_dtype_and_autocast(
+    fp8_kernels_here,
+):
+    """The fallback's fast path equals the float layer's call for a weight registered
+    as a parametrization (a property, not in `_parameters`), and leaves F.linear where
+    its conditions no longer hold: a weight moved to another dtype, autocast."""
+    from torch.nn.utils import parametrize
+
+    class Doubled(nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    torch.manual_seed(0)
+    float_layer = nn.Linear(64, 32)
+    layer = lowp_torch.convert_to_training(copy.deepcopy(float_layer), "float8_rowwise")
+    parametrize.register_parametrization(layer, "weight", Doubled())
+    parametrize.register_parametrization(float_layer, "weight", Doubled())
+    x = torch.randn(8, 64)
+    for _ in range(2):  # decided, then remembered
+        assert torch.equal(layer(x), float_layer(x))
+    layer.to(torch.bfloat16)  # the weight's dtype now differs from x's
+    want = float_layer.to(torch.bfloat16)(x.bfloat16()).float()
+    got = layer(x)  # x stays float32: the high-precision function, x's dtype out
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(x.bfloat16()).dtype == torch.bfloat16
 
 
 def test_small_shapes_quantize_always_runs_the_recipe(fp8_kernels_here):
