@@ -20,7 +20,7 @@ saves or costs, `gemms - raw` the price of lowp's float32 output, and
     python bench/jax_step_parts.py                       # H200: the issue's two shapes
     python bench/jax_step_parts.py --variants xT_copy  # also without the transposed cast kernel
     python bench/jax_step_parts.py --shapes 256x512x384 --recipes float8_tensorwise  # CPU smoke
-    python bench/jax_step_parts.py --variants bf16_scalar,bf16_barrier --no-parts  # steps only
+    python bench/jax_step_parts.py --variants f32_out --no-parts  # steps only
     python bench/jax_step_parts.py --trace --shapes 16384x8192x8192  # device trace instead
 
 --trace times nothing: it runs the steps (bf16, flax's, each recipe's) under
@@ -61,13 +61,8 @@ GEMMS = ("forward", "dgrad", "wgrad")
 VARIANTS = {
     # float8_rowwise_gw_hp has no transposed rowwise operand: its dgrad's w is tensorwise
     "xT_copy": ((_pallas_cast, "TRANSPOSED", False), ("float8_rowwise",)),
-    # the fp8 GEMMs writing bfloat16 (`_dot._gemm_output_form`): flax's form for two
-    # tensorwise operands, and a barrier'd bfloat16 output for power-of-two scales
-    "bf16_scalar": ((_dot, "GEMM_OUTPUT", "bf16_scalar"), ("float8_tensorwise",)),
-    "bf16_barrier": (
-        (_dot, "GEMM_OUTPUT", "bf16_barrier"),
-        ("float8_rowwise", "float8_rowwise_gw_hp"),
-    ),
+    # the fp8 GEMM writing float32 where the default writes bfloat16 (`_dot._fp8_dot`)
+    "f32_out": ((_dot, "GEMM_OUTPUT", "float32"), ("float8_tensorwise",)),
 }
 
 
@@ -371,6 +366,28 @@ def shape_inputs(m, k, n):
     return x, w, dy
 
 
+def as_run_results(rows, meta: dict) -> dict:
+    """The steps of `rows` (bf16, flax's, each recipe's; not the parts, not the variants)
+    as a results file of bench/run.py's "jax" section, all timed side by side, which
+    `run.py --from-results` merges into the issue-7 summary."""
+    steps = [r for r in rows if r["part"] == "step" and "(" not in r["recipe"]]
+    out = []
+    for row in steps:
+        others = [r for r in steps if r is not row and (r["M"], r["K"]) == (row["M"], row["K"])]
+        out.append(
+            {
+                **{key: row[key] for key in ("M", "K", "N", "impl", "recipe", "ms", "iters")},
+                "fp8_gemms_in_hlo": row["fp8_gemms_in_hlo"],
+                "timed_with": [
+                    r["impl"] if r["impl"] != "lowp" else f"lowp {r['recipe']}" for r in others
+                ],
+            }
+        )
+    note = "bench/jax_step_parts.py: the steps of bf16, flax's fp8 and each recipe, interleaved"
+    section = {"rows": out, "skipped": [], "errors": [], "notes": [note], "seconds": 0.0}
+    return {"meta": meta, "sections": {"jax": section}}
+
+
 def format_rows(rows) -> str:
     lines = []
     for r in rows:
@@ -394,6 +411,9 @@ def main(argv=None):
         "each variant that changes it",
     )
     parser.add_argument("--out", help="JSON rows here, rewritten after each shape")
+    parser.add_argument(
+        "--run-out", help="also the steps as a bench/run.py results file (`as_run_results`)"
+    )
     parser.add_argument("--trace", action="store_true", help="device traces, no timing")
     parser.add_argument(
         "--no-parts", action="store_true", help="time the steps only (fewer compiles)"
@@ -428,9 +448,12 @@ def main(argv=None):
             if "outputs_differ" in row:
                 print(f"{row['recipe']}: against the default step {row['outputs_differ']}")
         rows += shape_rows
+        meta = {"jax": jax.__version__, "device": jax.devices()[0].device_kind}
         if args.out:  # after each shape: a run cut short keeps what it measured
-            meta = {"jax": jax.__version__, "device": jax.devices()[0].device_kind}
             pathlib.Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        if args.run_out:
+            results = as_run_results(rows, meta)
+            pathlib.Path(args.run_out).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -8,10 +8,11 @@ its groups always run along K (spec §8); a QArray must already be quantized alo
 contracting axis. Then one branch of `_forward` computes the product:
 
 - "fp8": float8 codes of tensorwise / rowwise (AxisScaling along K) operands straight
-  into `lax.dot_general(..., preferred_element_type=float32)`, which XLA on Hopper
-  rewrites into cuBLASLt's fp8 GEMM (`__cublas$lt$matmul$f8`); the float32 result is
-  multiplied by the per-tensor or per-row (M) x per-column (N) decode scales, then
-  rounded once to the output dtype. The activation is reshaped to (M, K): XLA's fp8
+  into `lax.dot_general`, which XLA on Hopper rewrites into cuBLASLt's fp8 GEMM
+  (`__cublas$lt$matmul$f8`): it writes float32, multiplied by the per-tensor or per-row
+  (M) x per-column (N) decode scales, then rounded once to the output dtype; or, for
+  two tensorwise operands and a bfloat16 output, it writes bfloat16 with the scalar
+  scale folded into the GEMM (`_fp8_dot`). The activation is reshaped to (M, K): XLA's fp8
   rewrite takes one non-contracting dim per operand.
 - "scaled_matmul": MX (fp8 or fp4 elements, 32-blocks) and NVFP4 operands through
   `jax.nn.scaled_matmul`, which runs cuDNN's block-scaled GEMM on Blackwell (compute
@@ -385,20 +386,34 @@ def _values(x, dtype) -> jax.Array:
 def _fp8_dot(
     a: _qarray.QArray, b: _qarray.QArray, precision, out_dtype, out_sharding=None
 ) -> jax.Array:
-    """fp8 codes into one 2-D dot accumulating in float32, then the decode scales (spec
-    §3.1 `d`); the caller rounds to the output dtype.
+    """fp8 codes into one 2-D dot, then the decode scales (spec §3.1 `d`); the caller
+    rounds to the output dtype. Two forms (`_gemm_output_form`):
 
-    The dot writes float32, though a bfloat16 output is exact before power-of-two
-    scales and within spec §7 under fast accumulation. Three bfloat16-output forms
-    were measured on the H200 (jax 0.11.2), and none was faster:
+    - "float32": the dot accumulates in float32 and writes float32, the scales multiply
+      it, and the caller rounds once.
+    - "bf16_scalar", for two tensorwise operands and a bfloat16 output: the dot writes
+      bfloat16 and is multiplied by the scalar scale in bfloat16, flax's form, which XLA
+      folds into cuBLASLt's fp8 GEMM: its epilogue scales the float32 accumulator and
+      rounds once. The scale itself is rounded to bfloat16 (within 2**-9 of it, exact
+      for a power of two), which with the one rounding stays under one bfloat16 ulp of
+      the exact product, spec §7's bound. Measured on the H200 (jax 0.11.2, 2026-11-30,
+      bench/results/h200_jax_variants_l.json): the float8_tensorwise training step at
+      16384x8192x8192 took 5.827 ms, against 6.471 ms with the float32 form, whose
+      device trace (h200_jax_trace_l.json) had the GEMMs writing float32 (0.2 ms more
+      than flax's bfloat16-writing ones) and three passes scaling and rounding their
+      outputs (0.47 ms); 1 element in 5 of y and dx, 2 in 5 of dw, differed by an ulp.
+
+    Row or column scales keep the float32 form. XLA folds no vector scales into its
+    fp8 GEMM, and the bfloat16-output forms tried for them did not pay on the H200
+    (jax 0.11.2):
     - scaled right after the dot: XLA fused the scaling into a GEMM that was no
       cuBLASLt fp8 GEMM (the rowwise training step kept 1 of its 3);
-    - with an optimization barrier before the scaling: 512x1024x2048 dots went to Triton
-      GEMMs; the 8192^3 dense layer ran at 1.64x bf16, against 1.66x for this float32
-      form in the same run; the rowwise training step stayed at 0.83x of flax's fp8;
-    - tensorwise only, no barrier: XLA gave the dot to a Triton GEMM fusion, even at
-      2048x4096x4096; the 8192^3 dense layer ran at 1.645x bf16, against 1.691x for the
-      rowwise layer (this float32 form) in the same run.
+    - with an optimization barrier before the scaling (exact for power-of-two scales):
+      512x1024x2048 dots went to Triton GEMMs; the rowwise training step at
+      16384x8192x8192 took 6.501 ms against 6.643 ms in the float32 form, 2%, and
+      float8_rowwise_gw_hp's 7.659 against 7.748 ms (h200_jax_variants_l.json);
+    - a bfloat16 output converted to float32 before a float32 scale (tensorwise too):
+      XLA gave the dot to a Triton GEMM fusion, even at 2048x4096x4096.
 
     The codes go into the dot as they are, not in XLA's dequantize pattern (a dot of
     `convert(codes) * scale`, whose scalar scales XLA folds into cuBLASLt): measured on
@@ -407,46 +422,31 @@ def _fp8_dot(
     Triton GEMM fusion takes the dot first and runs it in float32: 4x slower when
     quantize was XLA ops, and still so with the Pallas cast, whose output XLA cannot
     fuse (the tensorwise training step at 16384x8192x8192: 103.4 ms and no fp8 GEMM,
-    against 6.23 ms for this form, 2026-11-30).
+    against 6.23 ms for the float32 form, 2026-11-30).
     """
     lead, k = a.shape[:-1], a.shape[-1]
     codes_a = a.codes.reshape(-1, k)
     row = a.scale.reshape(-1, 1) if isinstance(a.scheme, lowp.AxisScaling) else a.scale
     col = b.scale.reshape(1, -1) if isinstance(b.scheme, lowp.AxisScaling) else b.scale
-    form = _gemm_output_form(a.scheme, b.scheme, out_dtype)
-    if form == "float32":
-        y = _kdot(codes_a, b.codes, precision, out_sharding) * (row * col)
-    elif form == "bf16_scalar":
+    if _gemm_output_form(a.scheme, b.scheme, out_dtype) == "bf16_scalar":
         y = _kdot(codes_a, b.codes, precision, out_sharding, jnp.bfloat16)
         y = y * (row * col).astype(jnp.bfloat16)
-    else:  # "bf16_barrier"
-        y = lax.optimization_barrier(_kdot(codes_a, b.codes, precision, out_sharding, jnp.bfloat16))
-        y = y * row.astype(jnp.bfloat16) * col.astype(jnp.bfloat16)
+    else:
+        y = _kdot(codes_a, b.codes, precision, out_sharding) * (row * col)
     return y.reshape(lead + (b.shape[0],))
 
 
-# What the fp8 GEMM writes (`_gemm_output_form`): "float32" always, or a bfloat16 form
-# where it applies. A switch for bench/jax_step_parts.py's variants, timed on the H200.
-GEMM_OUTPUT = "float32"
+# "auto" (`_gemm_output_form`), or "float32": the float32 form for every operand pair,
+# what bench/jax_step_parts.py's variant "f32_out" times against the default.
+GEMM_OUTPUT = "auto"
 
 
 def _gemm_output_form(sa, sb, out_dtype) -> str:
-    """How `_fp8_dot` gets from the GEMM to the scaled output:
-    - "float32": the GEMM writes float32, the scales multiply it, the caller rounds once;
-    - "bf16_scalar" (GEMM_OUTPUT, for two tensorwise operands and a bfloat16 output):
-      the GEMM writes bfloat16 times the scalar scale rounded to bfloat16, flax's form,
-      which XLA folds into cuBLASLt's fp8 GEMM (one rounding, the scale's own rounding
-      within 2**-9 of it: under one bfloat16 ulp with it, spec §7);
-    - "bf16_barrier" (GEMM_OUTPUT, for power-of-two scales and a bfloat16 output): the
-      GEMM writes bfloat16, an optimization barrier keeps XLA from fusing the scaling
-      into it, and the scales multiply in bfloat16, exactly (a power of two).
-    """
-    bf16_out = np.dtype(out_dtype) == jnp.bfloat16
+    """`_fp8_dot`'s form: "bf16_scalar" for two tensorwise operands and a bfloat16
+    output (unless GEMM_OUTPUT is "float32"), else "float32"."""
     tensorwise = isinstance(sa, lowp.TensorScaling) and isinstance(sb, lowp.TensorScaling)
-    if GEMM_OUTPUT == "bf16_scalar" and bf16_out and tensorwise:
+    if GEMM_OUTPUT == "auto" and tensorwise and np.dtype(out_dtype) == jnp.bfloat16:
         return "bf16_scalar"
-    if GEMM_OUTPUT == "bf16_barrier" and bf16_out and sa.pow2 and sb.pow2:
-        return "bf16_barrier"
     return "float32"
 
 

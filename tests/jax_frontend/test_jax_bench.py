@@ -118,6 +118,30 @@ def test_step_parts_trace_runs_each_step_under_the_profiler(tmp_path):
         assert bool(row["threads"]) == on_gpu and bool(row["kernels"]) == on_gpu
 
 
+def test_step_parts_steps_merge_into_the_issue_summary(tmp_path):
+    """--run-out writes the default steps (no parts, no variants) as a run.py "jax"
+    section, which `run.py --from-results` turns into the summary's JAX ratios."""
+    bench = _bench("jax_step_parts")
+    run_out = tmp_path / "run.json"
+    bench.main(
+        ["--shapes", "64x128x96", "--recipes", "float8_tensorwise", "--variants", "f32_out"]
+        + ["--no-parts", "--repeats", "1", "--run-out", str(run_out)]
+    )
+    rows = json.loads(run_out.read_text())["sections"]["jax"]["rows"]
+    assert [(r["impl"], r["recipe"]) for r in rows] == [
+        ("bf16", "bf16"),
+        ("flax_fp8", "flax_fp8"),
+        ("lowp", "float8_tensorwise"),
+    ]
+    assert rows[2]["timed_with"] == ["bf16", "flax_fp8"]
+    run = _bench("run")
+    merged = run.merge([run_out])
+    table = merged["summary"]["jax_dense_fwd_bwd_speedup_vs_bf16"]
+    assert set(table) == {"flax_fp8", "float8_tensorwise"}
+    bf16 = rows[0]["ms"]
+    assert table["float8_tensorwise"]["64x128x96"] == pytest.approx(bf16 / rows[2]["ms"], rel=1e-2)
+
+
 def test_step_parts_bench_takes_the_step_apart(tmp_path):
     """bench/jax_step_parts.py: every part is timed, and its GEMMs on the operands of
     `training_operands` reproduce the step's y, dx and dw bit for bit, so the parts

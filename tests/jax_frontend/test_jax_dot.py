@@ -240,6 +240,80 @@ def test_type_errors():
 _FP8_GEMM = "__cublas$lt$matmul$f8"  # XLA's kCublasLtMatmulF8CallTarget (gpu custom call)
 
 
+def _fp8_dot_forms(pow2: bool, kind=lowp.TensorScaling, out_dtype=jnp.bfloat16):
+    """(a, b, lowp_jax's fp8 product of them, that product in the float32 form) for
+    bfloat16 operands quantized with `kind` (pow2 scales or not), HIGHEST precision (no
+    fast accumulation, where spec §7's elementwise bound holds)."""
+    from lowp_jax import _dot
+
+    # the dense layer's shape in test_fp8_dense_layer_compiles_to_cublaslt_fp8_gemm: on
+    # the H200, XLA gives much smaller fp8 dots to Triton instead of cuBLASLt
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((512, 1024)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((2048, 1024)) / 32, jnp.bfloat16)
+    scheme = kind("float8_e4m3fn", pow2=pow2)
+    a, b = lowp_jax.quantize(x, scheme), lowp_jax.quantize(w, scheme)
+
+    def product(a, b):
+        return _dot._fp8_dot(a, b, jax.lax.Precision.HIGHEST, out_dtype).astype(out_dtype)
+
+    y = jax.jit(product)(a, b)
+    default, _dot.GEMM_OUTPUT = _dot.GEMM_OUTPUT, "float32"
+    try:
+        y32 = jax.jit(lambda a, b: product(a, b))(a, b)  # a new function: traced again
+    finally:
+        _dot.GEMM_OUTPUT = default
+    return a, b, y, y32, jax.make_jaxpr(product)(a, b)
+
+
+@pytest.mark.parametrize("pow2", [False, True])
+def test_a_tensorwise_bfloat16_fp8_dot_writes_bfloat16_times_the_scale(pow2):
+    """Two tensorwise operands and a bfloat16 output: the fp8 dot writes bfloat16 and
+    is multiplied by the scale rounded to bfloat16, the form XLA folds into cuBLASLt's
+    fp8 GEMM (`_dot._fp8_dot`). Power-of-two scales give the float32 form's bytes (a
+    bfloat16 times a power of two is exact). Other scales keep 40 dB everywhere, and on
+    a GPU, where the GEMM scales its float32 accumulator and rounds once, spec §7's
+    elementwise bound, in a compiled module with the fp8 GEMM writing bfloat16 and no
+    float32 array."""
+    a, b, y, y32, jaxpr = _fp8_dot_forms(pow2)
+    (dot,) = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert dot.params["preferred_element_type"] == jnp.bfloat16
+    assert dot.outvars[0].aval.dtype == jnp.bfloat16
+    assert y.dtype == jnp.bfloat16
+    a64 = np.asarray(lowp_jax.dequantize(a, "float32"), np.float64)
+    b64 = np.asarray(lowp_jax.dequantize(b, "float32"), np.float64)
+    exact = a64 @ b64.T
+    if pow2:
+        assert np.array_equal(np.asarray(y, np.float32), np.asarray(y32, np.float32))
+    assert C.sqnr_db(y, exact) >= C.GEMM_SQNR_DB
+    if ON_GPU:  # spec §7 without fast accumulation: ulp_out + K 2^-23 sum |a b|
+        bound = C.ulp(exact, ml_dtypes.bfloat16) + 1024 * 2.0**-23 * (np.abs(a64) @ np.abs(b64).T)
+        excess = np.abs(np.asarray(y, np.float64) - exact) - bound
+        assert excess.max() <= 0, f"exceeds spec §7's bound by {excess.max()}"
+        from lowp_jax import _dot
+
+        hlo = (
+            jax.jit(lambda a, b: _dot._fp8_dot(a, b, jax.lax.Precision.HIGHEST, jnp.bfloat16))
+            .lower(a, b)
+            .compile()
+            .as_text()
+        )
+        gemms = re.findall(r"= \(?(\w+)\[[^\n]*__cublas\$lt\$matmul\$f8", hlo)
+        assert gemms == ["bf16"], gemms
+        assert "f32[512,2048]" not in hlo, "a float32 array of the output's shape"
+
+
+@pytest.mark.parametrize(
+    "kind, out_dtype", [(lowp.AxisScaling, jnp.bfloat16), (lowp.TensorScaling, jnp.float32)]
+)
+def test_other_fp8_dots_write_float32_and_scale_it(kind, out_dtype):
+    """Row / column scales, or an output other than bfloat16: the dot writes float32, the
+    scales multiply it, and the output is rounded once (`_dot._gemm_output_form`)."""
+    *_, jaxpr = _fp8_dot_forms(True, kind, out_dtype)
+    (dot,) = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert dot.params["preferred_element_type"] == jnp.float32
+
+
 @pytest.mark.skipif(
     not ON_GPU,
     reason="needs a CUDA GPU: the fp8 GEMM is XLA's cuBLASLt rewrite of an fp8 dot on sm_89+",
