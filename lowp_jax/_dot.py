@@ -11,8 +11,8 @@ contracting axis. Then one branch of `_forward` computes the product:
   into `lax.dot_general`, which XLA on Hopper rewrites into cuBLASLt's fp8 GEMM
   (`__cublas$lt$matmul$f8`): it writes float32, multiplied by the per-tensor or per-row
   (M) x per-column (N) decode scales, then rounded once to the output dtype; or, for
-  two tensorwise operands and a bfloat16 output, it writes bfloat16 with the scalar
-  scale folded into the GEMM (`_fp8_dot`). The activation is reshaped to (M, K): XLA's fp8
+  two tensorwise operands, a bfloat16 output and a large enough product, it writes
+  bfloat16 with the scalar scale folded into the GEMM (`_fp8_dot`). The activation is reshaped to (M, K): XLA's fp8
   rewrite takes one non-contracting dim per operand.
 - "scaled_matmul": MX (fp8 or fp4 elements, 32-blocks) and NVFP4 operands through
   `jax.nn.scaled_matmul`, which runs cuDNN's block-scaled GEMM on Blackwell (compute
@@ -391,10 +391,10 @@ def _fp8_dot(
 
     - "float32": the dot accumulates in float32 and writes float32, the scales multiply
       it, and the caller rounds once.
-    - "bf16_scalar", for two tensorwise operands and a bfloat16 output: the dot writes
-      bfloat16 and is multiplied by the scalar scale in bfloat16, flax's form, which XLA
-      folds into cuBLASLt's fp8 GEMM: its epilogue scales the float32 accumulator and
-      rounds once. The scale itself is rounded to bfloat16 (within 2**-9 of it, exact
+    - "bf16_scalar", for two tensorwise operands, a bfloat16 output and M·K·N of at
+      least `BF16_OUTPUT_MIN_MACS`: the dot writes bfloat16 and is multiplied by the
+      scalar scale in bfloat16, flax's form, which XLA folds into cuBLASLt's fp8 GEMM:
+      its epilogue scales the float32 accumulator and rounds once. The scale itself is rounded to bfloat16 (within 2**-9 of it, exact
       for a power of two), which with the one rounding stays under one bfloat16 ulp of
       the exact product, spec §7's bound. Measured on the H200 (jax 0.11.2, 2026-11-30,
       bench/results/h200_jax_variants_l.json): the float8_tensorwise training step at
@@ -402,6 +402,8 @@ def _fp8_dot(
       device trace (h200_jax_trace_l.json) had the GEMMs writing float32 (0.2 ms more
       than flax's bfloat16-writing ones) and three passes scaling and rounding their
       outputs (0.47 ms); 1 element in 5 of y and dx, 2 in 5 of dw, differed by an ulp.
+      Smaller dots of this form XLA's autotuner may give to a Triton GEMM fusion instead
+      (`BF16_OUTPUT_MIN_MACS`); the float32 form stays on cuBLASLt.
 
     Row or column scales keep the float32 form. XLA folds no vector scales into its
     fp8 GEMM, and the bfloat16-output forms tried for them did not pay on the H200
@@ -428,7 +430,8 @@ def _fp8_dot(
     codes_a = a.codes.reshape(-1, k)
     row = a.scale.reshape(-1, 1) if isinstance(a.scheme, lowp.AxisScaling) else a.scale
     col = b.scale.reshape(1, -1) if isinstance(b.scheme, lowp.AxisScaling) else b.scale
-    if _gemm_output_form(a.scheme, b.scheme, out_dtype) == "bf16_scalar":
+    macs = codes_a.shape[0] * k * b.shape[0]
+    if _gemm_output_form(a.scheme, b.scheme, out_dtype, macs) == "bf16_scalar":
         y = _kdot(codes_a, b.codes, precision, out_sharding, jnp.bfloat16)
         y = y * (row * col).astype(jnp.bfloat16)
     else:
@@ -440,12 +443,23 @@ def _fp8_dot(
 # what bench/jax_step_parts.py's variant "f32_out" times against the default.
 GEMM_OUTPUT = "auto"
 
+# M·K·N from which the tensorwise bfloat16 form runs. Measured on the H200 (jax 0.11.2,
+# bench/jax_gemm_form.py, bench/results/h200_jax_gemm_form_l.txt): XLA compiled the form
+# to cuBLASLt's fp8 GEMM writing bfloat16 at 2**38, 2**39 and 2**40 multiply-adds at
+# both precisions, but gave it to a Triton GEMM fusion at 2**35, at 2**37 with
+# Precision.HIGHEST and, in the training step, at 512x1024x2048 (2**30). The training
+# layers quantize from `lowp._small_shapes.MIN_MACS` = 2**39 up on such a GPU, so every
+# fp8 training GEMM they run is past it.
+BF16_OUTPUT_MIN_MACS = 2**39
 
-def _gemm_output_form(sa, sb, out_dtype) -> str:
-    """`_fp8_dot`'s form: "bf16_scalar" for two tensorwise operands and a bfloat16
-    output (unless GEMM_OUTPUT is "float32"), else "float32"."""
+
+def _gemm_output_form(sa, sb, out_dtype, macs: int) -> str:
+    """`_fp8_dot`'s form: "bf16_scalar" for two tensorwise operands, a bfloat16 output
+    and `macs` (M·K·N) of at least BF16_OUTPUT_MIN_MACS, unless GEMM_OUTPUT is
+    "float32"; else "float32"."""
     tensorwise = isinstance(sa, lowp.TensorScaling) and isinstance(sb, lowp.TensorScaling)
-    if GEMM_OUTPUT == "auto" and tensorwise and np.dtype(out_dtype) == jnp.bfloat16:
+    bf16_out = np.dtype(out_dtype) == jnp.bfloat16
+    if GEMM_OUTPUT == "auto" and tensorwise and bf16_out and macs >= BF16_OUTPUT_MIN_MACS:
         return "bf16_scalar"
     return "float32"
 

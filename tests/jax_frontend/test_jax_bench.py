@@ -118,6 +118,23 @@ def test_step_parts_trace_runs_each_step_under_the_profiler(tmp_path):
         assert bool(row["threads"]) == on_gpu and bool(row["kernels"]) == on_gpu
 
 
+def test_gemm_form_probe_compiles_the_form_and_restores_the_threshold():
+    """bench/jax_gemm_form.py at one small shape: a line per precision saying what the
+    compiled module runs (no cuBLASLt GEMM off the GPU), the threshold put back after."""
+    from lowp_jax import _dot
+
+    bench = _bench("jax_gemm_form")
+    lines = bench.main(["64x128x96"])
+    assert [line.split(":")[0] for line in lines] == [
+        "64x128x96 2^19 DEFAULT",
+        "64x128x96 2^19 HIGHEST",
+    ]
+    on_gpu = jax.default_backend() == "gpu"
+    assert all("cublasLt-fp8->" in line for line in lines)
+    assert on_gpu or all("cublasLt-fp8->[]" in line for line in lines)
+    assert _dot.BF16_OUTPUT_MIN_MACS == 2**39
+
+
 def test_step_parts_steps_merge_into_the_issue_summary(tmp_path):
     """--run-out writes the default steps (no parts, no variants) as a run.py "jax"
     section, which `run.py --from-results` turns into the summary's JAX ratios."""

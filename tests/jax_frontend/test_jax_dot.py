@@ -266,8 +266,17 @@ def _fp8_dot_forms(pow2: bool, kind=lowp.TensorScaling, out_dtype=jnp.bfloat16):
     return a, b, y, y32, jax.make_jaxpr(product)(a, b)
 
 
+@pytest.fixture
+def bf16_form_at_any_size(monkeypatch):
+    """The tensorwise bfloat16 form down to the small dots a test can check against
+    float64 (on the H200, XLA kept 512x1024x2048 on cuBLASLt at HIGHEST precision)."""
+    from lowp_jax import _dot
+
+    monkeypatch.setattr(_dot, "BF16_OUTPUT_MIN_MACS", 0)
+
+
 @pytest.mark.parametrize("pow2", [False, True])
-def test_a_tensorwise_bfloat16_fp8_dot_writes_bfloat16_times_the_scale(pow2):
+def test_a_tensorwise_bfloat16_fp8_dot_writes_bfloat16_times_the_scale(pow2, bf16_form_at_any_size):
     """Two tensorwise operands and a bfloat16 output: the fp8 dot writes bfloat16 and
     is multiplied by the scale rounded to bfloat16, the form XLA folds into cuBLASLt's
     fp8 GEMM (`_dot._fp8_dot`). Power-of-two scales give the float32 form's bytes (a
@@ -306,12 +315,32 @@ def test_a_tensorwise_bfloat16_fp8_dot_writes_bfloat16_times_the_scale(pow2):
 @pytest.mark.parametrize(
     "kind, out_dtype", [(lowp.AxisScaling, jnp.bfloat16), (lowp.TensorScaling, jnp.float32)]
 )
-def test_other_fp8_dots_write_float32_and_scale_it(kind, out_dtype):
+def test_other_fp8_dots_write_float32_and_scale_it(kind, out_dtype, bf16_form_at_any_size):
     """Row / column scales, or an output other than bfloat16: the dot writes float32, the
     scales multiply it, and the output is rounded once (`_dot._gemm_output_form`)."""
     *_, jaxpr = _fp8_dot_forms(True, kind, out_dtype)
     (dot,) = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
     assert dot.params["preferred_element_type"] == jnp.float32
+
+
+@pytest.mark.parametrize("m, written", [(8192, jnp.bfloat16), (8191, jnp.float32)])
+def test_the_tensorwise_bfloat16_form_starts_at_its_size(m, written):
+    """From `_dot.BF16_OUTPUT_MIN_MACS` (2**39) multiply-adds up, below it the float32
+    form, which XLA keeps on cuBLASLt at every size (traced, not run)."""
+    from lowp_jax import _dot
+
+    assert _dot.BF16_OUTPUT_MIN_MACS == 2**39
+    scheme = lowp.TensorScaling("float8_e4m3fn")
+
+    def product(x, w):
+        a, b = lowp_jax.quantize(x, scheme), lowp_jax.quantize(w, scheme)
+        return _dot._fp8_dot(a, b, jax.lax.Precision.DEFAULT, jnp.bfloat16)
+
+    x = jax.ShapeDtypeStruct((m, 8192), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16)
+    jaxpr = jax.make_jaxpr(product)(x, w)
+    dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert [d.params["preferred_element_type"] for d in dots] == [written]
 
 
 @pytest.mark.skipif(
