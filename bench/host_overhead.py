@@ -73,22 +73,36 @@ def spin(us: float) -> None:
         pass
 
 
-def variants(m: int, k: int, recipe: str, device) -> dict:
-    """{name: call} of the module docstring's variants at M = m, K = N = k."""
+def layers_at(m: int, k: int, recipe: str, device, built) -> tuple:
+    """(x, dy, {name: layer}) at M = m, K = N = k: each (name, impl) of `built` made by
+    `linear_step.make_layer` from one weight ("lowp" layers with `recipe`), after
+    checking that "lowp" runs x in its small-shape fallback."""
     x, weight, dy = linear_step.inputs(m, k, k, device)
     x = x.requires_grad_(True)
     layers = {
-        name: linear_step.make_layer(impl, r, weight)
-        for name, impl, r in (
-            ("bf16", "bf16", None),
-            ("bf16 #2", "bf16_control", None),
-            ("bf16, +5 us", "bf16", None),
-            ("bf16, +policy", "lowp", recipe),
-            ("lowp", "lowp", recipe),
-            ("lowp, F.linear", "lowp", recipe),
-        )
+        name: linear_step.make_layer(impl, recipe if impl == "lowp" else None, weight)
+        for name, impl in built
     }
     check_fallback(layers["lowp"], x, recipe)
+    return x, dy, layers
+
+
+def variants(m: int, k: int, recipe: str, device) -> dict:
+    """{name: call} of the module docstring's variants at M = m, K = N = k."""
+    x, dy, layers = layers_at(
+        m,
+        k,
+        recipe,
+        device,
+        (
+            ("bf16", "bf16"),
+            ("bf16 #2", "bf16_control"),
+            ("bf16, +5 us", "bf16"),
+            ("bf16, +policy", "lowp"),
+            ("lowp", "lowp"),
+            ("lowp, F.linear", "lowp"),
+        ),
+    )
     forwards = {  # the variants whose forward is replaced
         "bf16, +5 us": lambda layer, x: (spin(5.0), F.linear(x, layer.weight, layer.bias))[1],
         "bf16, +policy": lambda layer, x: (
@@ -224,17 +238,8 @@ def handoff_cases(m: int, k: int, recipe: str, device, gaps=GAPS_US) -> dict:
     """{name: `timed_step` call} of the --handoff experiment (module docstring)."""
     p = torch.zeros(16, device=device, requires_grad=True)
     g = torch.ones(16, device=device)
-    x, weight, dy = linear_step.inputs(m, k, k, device)
-    x = x.requires_grad_(True)
-    layers = {
-        name: linear_step.make_layer(impl, r, weight)
-        for name, impl, r in (
-            ("bf16", "bf16", None),
-            ("bf16 #2", "bf16_control", None),
-            ("lowp", "lowp", recipe),
-        )
-    }
-    check_fallback(layers["lowp"], x, recipe)
+    built = (("bf16", "bf16"), ("bf16 #2", "bf16_control"), ("lowp", "lowp"))
+    x, dy, layers = layers_at(m, k, recipe, device, built)
 
     def linear(name, gap):
         layer = layers[name]
