@@ -11,8 +11,9 @@ contracting axis. Then one branch of `_forward` computes the product:
   into `lax.dot_general`, which XLA on Hopper rewrites into cuBLASLt's fp8 GEMM
   (`__cublas$lt$matmul$f8`): it writes float32, multiplied by the per-tensor or per-row
   (M) x per-column (N) decode scales, then rounded once to the output dtype; or, for
-  two tensorwise operands, a bfloat16 output and a large enough product, it writes
-  bfloat16 with the scalar scale folded into the GEMM (`_fp8_dot`). The activation is reshaped to (M, K): XLA's fp8
+  two tensorwise operands, a bfloat16 output, a large enough product and fast
+  accumulation (or power-of-two scales), it writes bfloat16 with the scalar scale folded
+  into the GEMM (`_fp8_dot`). The activation is reshaped to (M, K): XLA's fp8
   rewrite takes one non-contracting dim per operand.
 - "scaled_matmul": MX (fp8 or fp4 elements, 32-blocks) and NVFP4 operands through
   `jax.nn.scaled_matmul`, which runs cuDNN's block-scaled GEMM on Blackwell (compute
@@ -392,18 +393,28 @@ def _fp8_dot(
     - "float32": the dot accumulates in float32 and writes float32, the scales multiply
       it, and the caller rounds once.
     - "bf16_scalar", for two tensorwise operands, a bfloat16 output and M·K·N of at
-      least `BF16_OUTPUT_MIN_MACS`: the dot writes bfloat16 and is multiplied by the
-      scalar scale in bfloat16, flax's form, which XLA folds into cuBLASLt's fp8 GEMM:
-      its epilogue scales the float32 accumulator and rounds once. The scale itself is rounded to bfloat16 (within 2**-9 of it, exact
-      for a power of two), which with the one rounding stays under one bfloat16 ulp of
-      the exact product, spec §7's bound. Measured on the H200 (jax 0.11.2, 2026-11-30,
-      bench/results/h200_jax_variants_l.json): the float8_tensorwise training step at
-      16384x8192x8192 took 5.827 ms, against 6.471 ms with the float32 form, whose
-      device trace (h200_jax_trace_l.json) had the GEMMs writing float32 (0.2 ms more
-      than flax's bfloat16-writing ones) and three passes scaling and rounding their
-      outputs (0.47 ms); 1 element in 5 of y and dx, 2 in 5 of dw, differed by an ulp.
-      Smaller dots of this form XLA's autotuner may give to a Triton GEMM fusion instead
-      (`BF16_OUTPUT_MIN_MACS`); the float32 form stays on cuBLASLt.
+      least `BF16_OUTPUT_MIN_MACS`, where the GEMM uses fast accumulation or both scales
+      are powers of two: the dot writes bfloat16 and is multiplied by the scalar scale in
+      bfloat16, flax's form, which XLA folds into cuBLASLt's fp8 GEMM: its epilogue
+      scales the float32 accumulator and rounds once.
+
+    The scale is rounded to bfloat16 first, which is exact for a power of two. Otherwise
+    its relative error, up to 2**-8, can reach one ulp of the output, 1.5 ulp with the
+    rounding: past spec §7's elementwise bound (one ulp plus the accumulation term),
+    which holds without fast accumulation. So the tensorwise recipe's dgrad and wgrad
+    (HIGHEST, scales not powers of two) keep the float32 form; under fast accumulation
+    (its forward GEMM) spec §7 asks for 40 dB only.
+
+    Measured on the H200 (jax 0.11.2, 2026-11-30, bench/results/h200_jax_variants_l.json):
+    the float8_tensorwise training step at 16384x8192x8192 took 5.827 ms with this form
+    in all three GEMMs (as at 84fa4fc), against 6.471 ms with the float32 form. The
+    float32 form's device trace (h200_jax_trace_l.json) had the GEMMs writing float32,
+    0.2 ms more than flax's bfloat16-writing ones, and three passes scaling and rounding
+    their outputs, 0.47 ms, of which the forward's took 0.19 ms. With the form in all
+    three GEMMs, 1 element in 5 of y and dx and 2 in 5 of dw differed by an ulp. The
+    forward-only form was not timed. XLA's autotuner may give smaller dots of this form
+    to a Triton GEMM fusion instead (`BF16_OUTPUT_MIN_MACS`); the float32 form stays on
+    cuBLASLt.
 
     Row or column scales keep the float32 form. XLA folds no vector scales into its
     fp8 GEMM, and the bfloat16-output forms tried for them did not pay on the H200
@@ -431,7 +442,7 @@ def _fp8_dot(
     row = a.scale.reshape(-1, 1) if isinstance(a.scheme, lowp.AxisScaling) else a.scale
     col = b.scale.reshape(1, -1) if isinstance(b.scheme, lowp.AxisScaling) else b.scale
     macs = codes_a.shape[0] * k * b.shape[0]
-    if _gemm_output_form(a.scheme, b.scheme, out_dtype, macs) == "bf16_scalar":
+    if _gemm_output_form(a.scheme, b.scheme, out_dtype, macs, precision) == "bf16_scalar":
         y = _kdot(codes_a, b.codes, precision, out_sharding, jnp.bfloat16)
         y = y * (row * col).astype(jnp.bfloat16)
     else:
@@ -453,15 +464,37 @@ GEMM_OUTPUT = "auto"
 BF16_OUTPUT_MIN_MACS = 2**39
 
 
-def _gemm_output_form(sa, sb, out_dtype, macs: int) -> str:
-    """`_fp8_dot`'s form: "bf16_scalar" for two tensorwise operands, a bfloat16 output
-    and `macs` (M·K·N) of at least BF16_OUTPUT_MIN_MACS, unless GEMM_OUTPUT is
+def _gemm_output_form(sa, sb, out_dtype, macs: int, precision) -> str:
+    """`_fp8_dot`'s form: "bf16_scalar" for two tensorwise operands, a bfloat16 output,
+    `macs` (M·K·N) of at least BF16_OUTPUT_MIN_MACS and either fast accumulation
+    (`_fast_accumulation`) or power-of-two scales on both, unless GEMM_OUTPUT is
     "float32"; else "float32"."""
     tensorwise = isinstance(sa, lowp.TensorScaling) and isinstance(sb, lowp.TensorScaling)
-    bf16_out = np.dtype(out_dtype) == jnp.bfloat16
-    if GEMM_OUTPUT == "auto" and tensorwise and bf16_out and macs >= BF16_OUTPUT_MIN_MACS:
+    if (
+        GEMM_OUTPUT == "auto"
+        and tensorwise
+        and np.dtype(out_dtype) == jnp.bfloat16
+        and macs >= BF16_OUTPUT_MIN_MACS
+        and (_fast_accumulation(precision) or (sa.pow2 and sb.pow2))
+    ):
         return "bf16_scalar"
     return "float32"
+
+
+def _fast_accumulation(precision) -> bool:
+    """Whether XLA's cuBLASLt fp8 GEMM accumulates fast at `precision`: exactly when both
+    operands' precision is DEFAULT (None, the enum, or a string naming it, as
+    lax.dot_general takes them). A `lax.DotAlgorithmPreset` counts as not."""
+    pair = precision if isinstance(precision, (tuple, list)) else (precision, precision)
+
+    def default(p):
+        if p is None:
+            return True
+        if isinstance(p, str):
+            p = lax.Precision(p)
+        return p == lax.Precision.DEFAULT
+
+    return all(default(p) for p in pair)
 
 
 def _block_scaled_dot(a: _qarray.QArray, b: _qarray.QArray) -> jax.Array:

@@ -240,22 +240,26 @@ def test_type_errors():
 _FP8_GEMM = "__cublas$lt$matmul$f8"  # XLA's kCublasLtMatmulF8CallTarget (gpu custom call)
 
 
-def _fp8_dot_forms(pow2: bool, kind=lowp.TensorScaling, out_dtype=jnp.bfloat16):
-    """(a, b, lowp_jax's fp8 product of them, that product in the float32 form) for
-    bfloat16 operands quantized with `kind` (pow2 scales or not), HIGHEST precision (no
-    fast accumulation, where spec §7's elementwise bound holds)."""
+HIGHEST, DEFAULT = jax.lax.Precision.HIGHEST, jax.lax.Precision.DEFAULT
+
+
+def _fp8_dot_forms(pow2, precision, kind=lowp.TensorScaling, out_dtype=jnp.bfloat16):
+    """(a, b, lowp_jax's fp8 product of them, that product in the float32 form, its
+    jaxpr) for bfloat16 operands quantized with `kind` (pow2 scales or not) at
+    `precision`. The operands are non-negative, the worst case for spec §7's bound:
+    its accumulation term is then smallest next to the output."""
     from lowp_jax import _dot
 
     # the dense layer's shape in test_fp8_dense_layer_compiles_to_cublaslt_fp8_gemm: on
     # the H200, XLA gives much smaller fp8 dots to Triton instead of cuBLASLt
     rng = np.random.default_rng(3)
-    x = jnp.asarray(rng.standard_normal((512, 1024)), jnp.bfloat16)
-    w = jnp.asarray(rng.standard_normal((2048, 1024)) / 32, jnp.bfloat16)
+    x = jnp.asarray(np.abs(rng.standard_normal((512, 1024))), jnp.bfloat16)
+    w = jnp.asarray(np.abs(rng.standard_normal((2048, 1024))) / 32, jnp.bfloat16)
     scheme = kind("float8_e4m3fn", pow2=pow2)
     a, b = lowp_jax.quantize(x, scheme), lowp_jax.quantize(w, scheme)
 
     def product(a, b):
-        return _dot._fp8_dot(a, b, jax.lax.Precision.HIGHEST, out_dtype).astype(out_dtype)
+        return _dot._fp8_dot(a, b, precision, out_dtype).astype(out_dtype)
 
     y = jax.jit(product)(a, b)
     default, _dot.GEMM_OUTPUT = _dot.GEMM_OUTPUT, "float32"
@@ -264,6 +268,20 @@ def _fp8_dot_forms(pow2: bool, kind=lowp.TensorScaling, out_dtype=jnp.bfloat16):
     finally:
         _dot.GEMM_OUTPUT = default
     return a, b, y, y32, jax.make_jaxpr(product)(a, b)
+
+
+def _written(jaxpr):
+    (dot,) = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+    return dot.params["preferred_element_type"]
+
+
+def _excess_over_the_bound(a, b, y) -> float:
+    """The largest |y - y_exact| past spec §7's elementwise bound (<= 0: within it)."""
+    a64 = np.asarray(lowp_jax.dequantize(a, "float32"), np.float64)
+    b64 = np.asarray(lowp_jax.dequantize(b, "float32"), np.float64)
+    exact = a64 @ b64.T
+    bound = C.ulp(exact, y.dtype) + a64.shape[-1] * 2.0**-23 * (np.abs(a64) @ np.abs(b64).T)
+    return float((np.abs(np.asarray(y, np.float64) - exact) - bound).max())
 
 
 @pytest.fixture
@@ -275,34 +293,21 @@ def bf16_form_at_any_size(monkeypatch):
     monkeypatch.setattr(_dot, "BF16_OUTPUT_MIN_MACS", 0)
 
 
-@pytest.mark.parametrize("pow2", [False, True])
-def test_a_tensorwise_bfloat16_fp8_dot_writes_bfloat16_times_the_scale(pow2, bf16_form_at_any_size):
-    """Two tensorwise operands and a bfloat16 output: the fp8 dot writes bfloat16 and
-    is multiplied by the scale rounded to bfloat16, the form XLA folds into cuBLASLt's
-    fp8 GEMM (`_dot._fp8_dot`). Power-of-two scales give the float32 form's bytes (a
-    bfloat16 times a power of two is exact). Other scales keep 40 dB everywhere, and on
-    a GPU, where the GEMM scales its float32 accumulator and rounds once, spec §7's
-    elementwise bound, in a compiled module with the fp8 GEMM writing bfloat16 and no
-    float32 array."""
-    a, b, y, y32, jaxpr = _fp8_dot_forms(pow2)
-    (dot,) = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
-    assert dot.params["preferred_element_type"] == jnp.bfloat16
-    assert dot.outvars[0].aval.dtype == jnp.bfloat16
-    assert y.dtype == jnp.bfloat16
-    a64 = np.asarray(lowp_jax.dequantize(a, "float32"), np.float64)
-    b64 = np.asarray(lowp_jax.dequantize(b, "float32"), np.float64)
-    exact = a64 @ b64.T
-    if pow2:
-        assert np.array_equal(np.asarray(y, np.float32), np.asarray(y32, np.float32))
-    assert C.sqnr_db(y, exact) >= C.GEMM_SQNR_DB
-    if ON_GPU:  # spec §7 without fast accumulation: ulp_out + K 2^-23 sum |a b|
-        bound = C.ulp(exact, ml_dtypes.bfloat16) + 1024 * 2.0**-23 * (np.abs(a64) @ np.abs(b64).T)
-        excess = np.abs(np.asarray(y, np.float64) - exact) - bound
-        assert excess.max() <= 0, f"exceeds spec §7's bound by {excess.max()}"
-        from lowp_jax import _dot
+def test_power_of_two_tensorwise_scales_write_bfloat16_exactly(bf16_form_at_any_size):
+    """Two tensorwise operands with power-of-two scales and a bfloat16 output, without
+    fast accumulation: the fp8 dot writes bfloat16 times the scale in bfloat16, the form
+    XLA folds into cuBLASLt's fp8 GEMM (`_dot._fp8_dot`), with the float32 form's bytes
+    (a bfloat16 times a power of two is exact) and within spec §7's bound; on a GPU the
+    compiled module runs one cuBLASLt fp8 GEMM writing bfloat16 and no float32 array."""
+    from lowp_jax import _dot
 
+    a, b, y, y32, jaxpr = _fp8_dot_forms(True, HIGHEST)
+    assert _written(jaxpr) == jnp.bfloat16 and y.dtype == jnp.bfloat16
+    assert np.array_equal(np.asarray(y, np.float32), np.asarray(y32, np.float32))
+    if ON_GPU:
+        assert _excess_over_the_bound(a, b, y) <= 0
         hlo = (
-            jax.jit(lambda a, b: _dot._fp8_dot(a, b, jax.lax.Precision.HIGHEST, jnp.bfloat16))
+            jax.jit(lambda a, b: _dot._fp8_dot(a, b, HIGHEST, jnp.bfloat16))
             .lower(a, b)
             .compile()
             .as_text()
@@ -312,21 +317,49 @@ def test_a_tensorwise_bfloat16_fp8_dot_writes_bfloat16_times_the_scale(pow2, bf1
         assert "f32[512,2048]" not in hlo, "a float32 array of the output's shape"
 
 
+def test_fast_accumulation_writes_bfloat16_with_the_scale_rounded(bf16_form_at_any_size):
+    """Fast accumulation (DEFAULT, a forward GEMM), scales no power of two: the bfloat16
+    form too, its scale rounded to bfloat16 (up to 2**-8 of it), within spec §7's 40 dB,
+    the only bound there."""
+    a, b, y, _, jaxpr = _fp8_dot_forms(False, DEFAULT)
+    assert _written(jaxpr) == jnp.bfloat16
+    a64 = np.asarray(lowp_jax.dequantize(a, "float32"), np.float64)
+    b64 = np.asarray(lowp_jax.dequantize(b, "float32"), np.float64)
+    assert C.sqnr_db(y, a64 @ b64.T) >= C.GEMM_SQNR_DB
+
+
 @pytest.mark.parametrize(
-    "kind, out_dtype", [(lowp.AxisScaling, jnp.bfloat16), (lowp.TensorScaling, jnp.float32)]
+    "kind, pow2, out_dtype",
+    [
+        (lowp.TensorScaling, False, jnp.bfloat16),  # the scale's rounding would pass the bound
+        (lowp.AxisScaling, True, jnp.bfloat16),  # XLA folds no vector scales
+        (lowp.TensorScaling, True, jnp.float32),
+    ],
 )
-def test_other_fp8_dots_write_float32_and_scale_it(kind, out_dtype, bf16_form_at_any_size):
-    """Row / column scales, or an output other than bfloat16: the dot writes float32, the
-    scales multiply it, and the output is rounded once (`_dot._gemm_output_form`)."""
-    *_, jaxpr = _fp8_dot_forms(True, kind, out_dtype)
-    (dot,) = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
-    assert dot.params["preferred_element_type"] == jnp.float32
+def test_other_fp8_dots_write_float32_and_scale_it(kind, pow2, out_dtype, bf16_form_at_any_size):
+    """Without fast accumulation and scales no power of two, row / column scales, or an
+    output other than bfloat16: the dot writes float32, the scales multiply it, and the
+    output is rounded once (`_dot._gemm_output_form`), within spec §7's elementwise bound
+    even for these non-negative operands."""
+    a, b, y, _, jaxpr = _fp8_dot_forms(pow2, HIGHEST, kind, out_dtype)
+    assert _written(jaxpr) == jnp.float32
+    assert _excess_over_the_bound(a, b, y) <= 0
 
 
-@pytest.mark.parametrize("m, written", [(8192, jnp.bfloat16), (8191, jnp.float32)])
-def test_the_tensorwise_bfloat16_form_starts_at_its_size(m, written):
-    """From `_dot.BF16_OUTPUT_MIN_MACS` (2**39) multiply-adds up, below it the float32
-    form, which XLA keeps on cuBLASLt at every size (traced, not run)."""
+@pytest.mark.parametrize(
+    "m, precision, written",
+    [
+        (8192, DEFAULT, jnp.bfloat16),
+        (8191, DEFAULT, jnp.float32),
+        (8192, HIGHEST, jnp.float32),  # scales no power of two, no fast accumulation
+        (8192, "default", jnp.bfloat16),
+        (8192, (DEFAULT, HIGHEST), jnp.float32),
+    ],
+)
+def test_the_tensorwise_bfloat16_form_starts_at_its_size(m, precision, written):
+    """From `_dot.BF16_OUTPUT_MIN_MACS` (2**39) multiply-adds up, and under fast
+    accumulation (DEFAULT on both operands) for these scales; below it the float32 form,
+    which XLA keeps on cuBLASLt at every size (traced, not run)."""
     from lowp_jax import _dot
 
     assert _dot.BF16_OUTPUT_MIN_MACS == 2**39
@@ -334,13 +367,11 @@ def test_the_tensorwise_bfloat16_form_starts_at_its_size(m, written):
 
     def product(x, w):
         a, b = lowp_jax.quantize(x, scheme), lowp_jax.quantize(w, scheme)
-        return _dot._fp8_dot(a, b, jax.lax.Precision.DEFAULT, jnp.bfloat16)
+        return _dot._fp8_dot(a, b, precision, jnp.bfloat16)
 
     x = jax.ShapeDtypeStruct((m, 8192), jnp.bfloat16)
     w = jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16)
-    jaxpr = jax.make_jaxpr(product)(x, w)
-    dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
-    assert [d.params["preferred_element_type"] for d in dots] == [written]
+    assert _written(jax.make_jaxpr(product)(x, w)) == written
 
 
 @pytest.mark.skipif(
