@@ -66,6 +66,11 @@ VARIANTS = {
 }
 
 
+def step_label(recipe: str, variant: str | None = None) -> str:
+    """A row's "recipe": the recipe, and the variant its step ran under in brackets."""
+    return recipe + (f" ({variant})" if variant else "")
+
+
 @contextlib.contextmanager
 def switched(variant: str | None):
     """lowp_jax with `variant`'s switch set (no change for None), restored after."""
@@ -204,7 +209,7 @@ def measure_shape(
         for variant in variants:
             if recipe in VARIANTS[variant][1]:
                 add_step(
-                    ("lowp", f"{recipe} ({variant})", "step"), "lowp", recipe, x, w, dy, variant
+                    ("lowp", step_label(recipe, variant), "step"), "lowp", recipe, x, w, dy, variant
                 )
                 differ[len(calls) - 1] = outputs_differ(calls[-1], default)
     results = {}
@@ -338,7 +343,7 @@ def trace_shape(m, k, n, recipes, variants=(), steps: int = 5) -> list[dict]:
             with gzip.open(path) as f:
                 trace = json.load(f)
         summary = summarize_trace(device_events(trace), steps)
-        label = (recipe or impl) + (f" ({variant})" if variant else "")
+        label = step_label(recipe or impl, variant)
         rows.append({"M": m, "K": k, "N": n, "impl": impl, "recipe": label, **summary})
     return rows
 
@@ -370,6 +375,7 @@ def as_run_results(rows, meta: dict) -> dict:
     """The steps of `rows` (bf16, flax's, each recipe's; not the parts, not the variants)
     as a results file of bench/run.py's "jax" section, all timed side by side, which
     `run.py --from-results` merges into the issue-7 summary."""
+    # a variant's step is labelled "recipe (variant)" (`step_label`)
     steps = [r for r in rows if r["part"] == "step" and "(" not in r["recipe"]]
     out = []
     for row in steps:
