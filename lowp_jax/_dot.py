@@ -411,10 +411,12 @@ def _fp8_dot(
     float32 form's device trace (h200_jax_trace_l.json) had the GEMMs writing float32,
     0.2 ms more than flax's bfloat16-writing ones, and three passes scaling and rounding
     their outputs, 0.47 ms, of which the forward's took 0.19 ms. With the form in all
-    three GEMMs, 1 element in 5 of y and dx and 2 in 5 of dw differed by an ulp. The
-    forward-only form was not timed. XLA's autotuner may give smaller dots of this form
-    to a Triton GEMM fusion instead (`BF16_OUTPUT_MIN_MACS`); the float32 form stays on
-    cuBLASLt.
+    three GEMMs, 1 element in 5 of y and dx and 2 in 5 of dw differed by an ulp. With it
+    in the forward GEMM only, as now, the step took 6.200 ms against 6.443 ms for the
+    float32 form at 16384x8192x8192, and 5.522 against 5.834 ms at 16384x4096x14336
+    (7f48d84, h200_jax_steps_m_*.json); dx and dw did not change. XLA's autotuner
+    may give smaller dots of this form to a Triton GEMM fusion instead
+    (`BF16_OUTPUT_MIN_MACS`); the float32 form stays on cuBLASLt.
 
     Row or column scales keep the float32 form. XLA folds no vector scales into its
     fp8 GEMM, and the bfloat16-output forms tried for them did not pay on the H200
