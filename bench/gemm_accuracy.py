@@ -18,7 +18,10 @@ with K. This measures both, on one set of tensorwise e4m3 operands per case, thr
 
 --time times the GEMMs at the issue's LLM shapes (`time_row` says what each pair is).
 
-Off the GPU XLA has no fast accumulation: "fast" and "split" are the same dot there.
+Off the GPU XLA has no fast accumulation: "fast" and "split" are the same dot there. On
+a GPU each row also lists the jax paths that XLA ran elsewhere than cuBLASLt's fp8 GEMM
+(`jax_off_cublaslt`, see `jax_product`; recorded since after h200_gemm_accuracy_m.json,
+whose jax_fast_f32 equals torch_fast_f32 to the hundredth of a dB up to K = 1024).
 
     python bench/gemm_accuracy.py --out bench/results/h200_gemm_accuracy_m.json  # GPU
     python bench/gemm_accuracy.py --shapes 64x256x128                            # CPU smoke
@@ -39,7 +42,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import lowp
 import lowp_jax
-from bench import _timing
+from bench import _timing, jax_training
 from lowp_jax import _dot
 
 SHAPES = ((512, 256, 2048), (512, 1024, 2048), (512, 4096, 2048), (512, 16384, 2048))
@@ -71,19 +74,24 @@ def operands(m: int, k: int, n: int, data: str):
     return a, b, a64 @ b64.T
 
 
-def jax_product(a, b, precision, form: str, out_dtype) -> np.ndarray:
-    """lowp_jax's fp8 dot in `form` ("bf16_scalar" or "float32"), at any size."""
+def jax_product(a, b, precision, form: str, out_dtype) -> tuple[np.ndarray, bool]:
+    """lowp_jax's fp8 dot in `form` ("bf16_scalar" or "float32"), at any size: (its
+    output, whether the compiled module runs it as cuBLASLt's fp8 GEMM). At these
+    sizes XLA may give the bf16_scalar form to a Triton GEMM fusion instead
+    (`_dot.BF16_OUTPUT_MIN_MACS`), which has no fast accumulation to measure."""
     saved = _dot.GEMM_OUTPUT, _dot.BF16_OUTPUT_MIN_MACS
     _dot.GEMM_OUTPUT = "auto" if form == "bf16_scalar" else "float32"
     _dot.BF16_OUTPUT_MIN_MACS = 0
     try:
-        fn = jax.jit(lambda a, b: _dot._fp8_dot(a, b, precision, out_dtype).astype(out_dtype))
         written = _dot._gemm_output_form(
             a.scheme, b.scheme, out_dtype, a.shape[0] * a.shape[1] * b.shape[0], precision
         )
         if written != form:
             raise ValueError(f"jax_product: asked for the {form!r} form, the dot runs {written!r}")
-        return np.asarray(fn(a, b).astype(jnp.float32))
+        fn = jax.jit(lambda a, b: _dot._fp8_dot(a, b, precision, out_dtype).astype(out_dtype))
+        compiled = fn.lower(a, b).compile()
+        on_cublaslt = jax_training.FP8_GEMM in compiled.as_text()
+        return np.asarray(compiled(a, b).astype(jnp.float32)), on_cublaslt
     finally:
         _dot.GEMM_OUTPUT, _dot.BF16_OUTPUT_MIN_MACS = saved
 
@@ -113,10 +121,20 @@ def accuracy_row(m: int, k: int, n: int, data: str, torch) -> dict:
     row["bf16_rounding"] = sqnr_db(
         np.asarray(jnp.asarray(exact, f32).astype(bf16), np.float64), exact
     )
-    for name, precision in (("fast", fast), ("split", split)):
-        row[f"jax_{name}_f32"] = sqnr_db(jax_product(a, b, precision, "float32", f32), exact)
-        row[f"jax_{name}_bf16"] = sqnr_db(jax_product(a, b, precision, "float32", bf16), exact)
-    row["jax_fast_bf16_scalar"] = sqnr_db(jax_product(a, b, fast, "bf16_scalar", bf16), exact)
+    off_cublaslt = []  # jax paths the GPU ran elsewhere (`jax_product`)
+    for path, precision, form, out in (
+        ("jax_fast_f32", fast, "float32", f32),
+        ("jax_fast_bf16", fast, "float32", bf16),
+        ("jax_split_f32", split, "float32", f32),
+        ("jax_split_bf16", split, "float32", bf16),
+        ("jax_fast_bf16_scalar", fast, "bf16_scalar", bf16),
+    ):
+        y, on_cublaslt = jax_product(a, b, precision, form, out)
+        row[path] = sqnr_db(y, exact)
+        if not on_cublaslt:
+            off_cublaslt.append(path)
+    if jax.default_backend() == "gpu":
+        row["jax_off_cublaslt"] = off_cublaslt
     if torch is not None:
         (ca, sa), (cb, sb) = torch_operands(torch, a), torch_operands(torch, b)
         for name, on in (("fast", True), ("split", False)):
@@ -144,11 +162,14 @@ def time_row(m: int, k: int, n: int, torch, timing: _timing.Timing) -> dict:
 
     def jax_call(precision):
         fn = jax.jit(lambda a, b: _dot._fp8_dot(a, b, precision, jnp.bfloat16).astype(jnp.bfloat16))
-        return lambda: last.append(fn(a, b))
+
+        def call():
+            last[:] = [fn(a, b)]
+
+        return call
 
     def jax_sync():
         jax.block_until_ready(last)
-        last.clear()
 
     calls = [jax_call(lax.Precision.DEFAULT), jax_call(lax.Precision.HIGHEST)]
     fast, split = _timing.time_interleaved(calls, jax_sync, timing)
@@ -168,11 +189,13 @@ def time_row(m: int, k: int, n: int, torch, timing: _timing.Timing) -> dict:
 
 
 def format_rows(rows) -> str:
-    paths = [key for key in rows[0] if key not in ("M", "K", "N", "data")]
+    paths = [key for key in rows[0] if key not in ("M", "K", "N", "data", "jax_off_cublaslt")]
     lines = [" ".join([f"{'MxKxN':>16} {'data':>18}"] + [f"{p:>20}" for p in paths])]
     for row in rows:
         shape = f"{row['M']}x{row['K']}x{row['N']}"
         cells = [f"{row.get(p, float('nan')):>20}" for p in paths]
+        if row.get("jax_off_cublaslt"):
+            cells.append(f"  (off cuBLASLt: {', '.join(row['jax_off_cublaslt'])})")
         lines.append(" ".join([f"{shape:>16} {row.get('data', ''):>18}"] + cells))
     return "\n".join(lines)
 
@@ -181,7 +204,9 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES))
     parser.add_argument("--data", default=",".join(DATA), help=f"comma list of {list(DATA)}")
-    parser.add_argument("--time", action="store_true", help="also time fast and split GEMMs")
+    parser.add_argument(
+        "--time", action="store_true", help="also time the GEMMs fast and split (`time_row`)"
+    )
     parser.add_argument(
         "--time-shapes", default=",".join("x".join(map(str, s)) for s in TIMED_SHAPES)
     )

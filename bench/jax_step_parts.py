@@ -154,11 +154,13 @@ def parts(recipe: str, x, w, dy) -> dict:
 def gemms_match_step(step, gemms) -> dict:
     """How the parts compute the step: {GEMM: (its output equals the step's y, dx or dw
     bit for bit, the SQNR in dB of one against the other)} (a GEMM the recipe runs in
-    high precision is not among the parts). Off the GPU they are equal. On one, the
-    step and the gemms part are compiled apart, and XLA's autotuner, which times its
-    candidates, may pick another GEMM kernel for one of them: on the H200 the tensorwise
-    dgrad at 64x128x96 differed in 1 of 6 runs (2026-11-30). Another accumulation order
-    still gives the same product within spec §7's 40 dB; another computation does not."""
+    high precision is not among the parts). Off the GPU they are equal. On the H200 the
+    tensorwise dgrad at 64x128x96 differed in 1 of 6 runs (2026-11-30,
+    bench/results/h200_step_parts_flaky_m.txt). The step and the gemms part are compiled
+    apart, and XLA's autotuner times its candidate kernels, so the likely cause is that
+    it picked another GEMM kernel for one of them (not confirmed from the failing
+    run's HLO). Another accumulation order still gives the same product within spec
+    §7's 40 dB; another computation does not."""
     (fn, args), (gemm_fn, gemm_args) = step, gemms
     y, (grads, dx) = fn(*args)
     step_out = {"forward": y, "dgrad": dx, "wgrad": grads["params"]["kernel"].T}

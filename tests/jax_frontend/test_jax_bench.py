@@ -137,9 +137,12 @@ def test_gemm_form_probe_compiles_the_form_and_restores_the_threshold():
 
 def test_gemm_accuracy_measures_every_path_on_every_kind_of_data(tmp_path):
     """bench/gemm_accuracy.py at one small shape: a row per kind of data with every
-    path's SQNR. Off the GPU there is no fast accumulation: every path holds spec §7's
-    40 dB, fast and split are one dot, and a float32 output is far past bf16's floor;
-    the bfloat16-rounded scale costs at most 10 dB of it. Bad data names are refused."""
+    path's SQNR, each within spec §7's 40 dB at this K (256) even under fast
+    accumulation (on the H200 its loss on same-signed products left 53 dB there,
+    bench/results/h200_gemm_accuracy_m.json). Off the GPU there is no fast
+    accumulation: fast and split are one dot, and a float32 output is far past bf16's
+    floor; the bfloat16-rounded scale costs at most 10 dB of it. Bad data names are
+    refused."""
     bench = _bench("gemm_accuracy")
     out = tmp_path / "accuracy.json"
     result = bench.main(["--shapes", "64x256x128", "--out", str(out)])
@@ -155,8 +158,9 @@ def test_gemm_accuracy_measures_every_path_on_every_kind_of_data(tmp_path):
     ]
     for row in rows:
         assert set(jax_paths) <= set(row)
+        paths = [p for p in row if p.startswith(("jax_", "torch_")) and p != "jax_off_cublaslt"]
+        assert min(row[p] for p in paths) >= 40, row
         if jax.default_backend() == "cpu":
-            assert min(row[p] for p in jax_paths) >= 40, row
             assert row["jax_fast_bf16"] == row["jax_split_bf16"] == row["bf16_rounding"]
             assert row["jax_split_f32"] > 100
             assert row["jax_fast_bf16_scalar"] >= row["bf16_rounding"] - 10
