@@ -48,6 +48,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import lowp_jax
 from bench import _timing, jax_training
+from lowp._conformance import gemm as _gemm_conformance
 from lowp_jax import _dot, _pallas_cast
 
 RECIPES = ("float8_tensorwise", "float8_rowwise", "float8_rowwise_gw_hp")
@@ -167,8 +168,7 @@ def gemms_match_step(step, gemms) -> dict:
     result = {}
     for name, out in gemm_fn(*gemm_args).items():
         got, want = np.asarray(out, np.float64), np.asarray(step_out[name], np.float64)
-        err = np.linalg.norm(got - want)
-        db = float("inf") if err == 0 else float(20 * np.log10(np.linalg.norm(want) / err))
+        db = _gemm_conformance.sqnr_db(got, want)
         result[name] = (bool(np.array_equal(got, want)), round(db, 2))
     return result
 

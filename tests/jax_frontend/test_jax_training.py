@@ -19,6 +19,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from jax import lax
+from jax_dot_cases import sqnr_db
 
 import lowp
 import lowp_jax
@@ -65,12 +66,6 @@ def data(rank=2, seed=0, hp_dtype=np.float32):
     x, g = spread(shape), spread(shape[:-1] + (N,))
     w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
     return tuple(jnp.asarray(t.astype(hp_dtype)) for t in (x, w, g))
-
-
-def sqnr_db(y, ref) -> float:
-    y, ref = np.asarray(y, np.float64), np.asarray(ref, np.float64)
-    err = np.linalg.norm(ref - y)
-    return float("inf") if err == 0 else float(20 * np.log10(np.linalg.norm(ref) / err))
 
 
 def assert_same_product(got, want):
