@@ -1,36 +1,102 @@
-"""Root conftest: the frontends' doctests are collected only where their framework is.
+"""Root conftest: a package module is collected for its doctests only where it imports.
 
-`python -m pytest` collects doctests from lowp_torch/ and lowp_jax/ (pyproject
-testpaths); on a machine without torch or jax (or triton, for lowp_torch's Triton
-kernels) those modules cannot import, so their
-files are left out here, the same way tests/torch_frontend and tests/jax_frontend skip themselves.
+`python -m pytest` collects doctests from every module of the packages (pyproject
+testpaths). A module that needs a package this machine lacks (torch, jax, flax, triton,
+...) cannot import, and collecting it would be an error, not a skip. So each module's
+module-level imports are read from its source, followed through the repository's own
+modules (and the `__init__.py` of every package above it), and a module that reaches an
+absent top-level package is left out of collection. Nothing is listed by hand: a new
+module that imports triton at the top is left out where triton is absent, by the same
+rule. The test folders skip themselves (`pytest.importorskip` in their conftests).
 """
 
+import ast
+import functools
 import importlib.util
 import pathlib
 
 _ROOT = pathlib.Path(__file__).parent
 
 
+@functools.cache
 def _installed(name: str) -> bool:
-    spec = importlib.util.find_spec(name)
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a finder that refuses the name, or a broken install
+        return False
     return spec is not None and spec.origin is not None  # not a bare namespace folder
 
 
-# Paths whose import needs a framework: the frontends, and lowp_jax's flax modules.
-_NEEDS = (
-    ("lowp_torch", "torch"),
-    ("lowp_jax", "jax"),
-    ("lowp_jax/nnx.py", "flax"),
-    ("lowp_jax/linen.py", "flax"),
-    ("lowp_jax/models", "flax"),
-    ("lowp_torch/_triton_casts.py", "triton"),
-    ("lowp_torch/_triton_kernels.py", "triton"),
-)
-_MISSING = [_ROOT / path for path, framework in _NEEDS if not _installed(framework)]
+def _source_of(module: str) -> pathlib.Path | None:
+    """The file of a module of this repository (`a.b` -> a/b.py or a/b/__init__.py)."""
+    base = _ROOT.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(_ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _top_level_imports(path: pathlib.Path) -> set[str]:
+    """Dotted names imported by statements at module level (not inside functions)."""
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)  # `from pkg import mod`
+    return names
+
+
+_IN_PROGRESS = object()
+_MISSING: dict[str, object] = {}
+
+
+def _missing(module: str) -> str | None:
+    """The first absent package that importing `module` (of this repository) needs."""
+    if module not in _MISSING:
+        _MISSING[module] = _IN_PROGRESS  # an import cycle adds nothing new
+        _MISSING[module] = _first_missing(module)
+    found = _MISSING[module]
+    return None if found is _IN_PROGRESS else found
+
+
+def _first_missing(module: str) -> str | None:
+    path = _source_of(module)
+    if path is None:
+        return None
+    parents = module.split(".")[:-1]
+    needed = {".".join(parents[: i + 1]) for i in range(len(parents))}  # packages above it
+    needed |= _top_level_imports(path)
+    for name in sorted(needed - {module}):
+        if _source_of(name) is not None:
+            absent = _missing(name)
+        elif _source_of(name.partition(".")[0]) is not None:
+            absent = None  # `from pkg import name` where name is not a module: pkg counts
+        else:
+            absent = None if _installed(name.partition(".")[0]) else name.partition(".")[0]
+        if absent is not None:
+            return absent
+    return None
 
 
 def pytest_ignore_collect(collection_path: pathlib.Path, config):
-    if any(collection_path == p or p in collection_path.parents for p in _MISSING):
+    path = pathlib.Path(collection_path)
+    if path.suffix != ".py" or _ROOT not in path.parents or path.parts[len(_ROOT.parts)] == "tests":
+        return None
+    if _missing(_module_name(path)) is not None:
         return True
     return None

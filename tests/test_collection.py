@@ -1,0 +1,63 @@
+"""The suite collects without each optional package: its tests skip, nothing errors.
+
+Each case runs `pytest --collect-only` in a fresh interpreter whose site-packages is a
+copy (of links) of this one's without the named packages, as on a machine where they
+were never installed.
+"""
+
+import pathlib
+import re
+import site
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# Run with `python -S`: no site-packages but the one given, whose .pth files (the
+# editable install of lowp among them) addsitedir processes.
+_COLLECT = (
+    "import site, sys; site.addsitedir(sys.argv[1]); import pytest; "
+    "sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider']))"
+)
+
+
+def _site_without(packages: list[str], into: pathlib.Path) -> pathlib.Path:
+    into.mkdir()
+    for site_dir in map(pathlib.Path, site.getsitepackages()):
+        for entry in site_dir.iterdir():
+            stem = entry.name.split("-")[0].removesuffix(".py")
+            if stem in packages or (into / entry.name).exists():
+                continue
+            (into / entry.name).symlink_to(entry)
+    return into
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "absent",
+    ["triton", "torchao", "flax", "jax,jaxlib,flax", "torch", "torch,torchao,triton,jax,jaxlib,flax"],
+)
+def test_suite_collects_without(absent, tmp_path):
+    packages = absent.split(",")
+    site_dir = _site_without(packages, tmp_path / "site-packages")
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", _COLLECT, str(site_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = done.stdout + done.stderr
+    summary = out.strip().splitlines()[-1]
+    assert done.returncode == 0 and re.fullmatch(r"\d+ tests collected in .*", summary), (
+        f"collection without {absent} failed:\n{out[-4000:]}"
+    )
+    check = subprocess.run(
+        [sys.executable, "-S", "-c", "import site, sys; site.addsitedir(sys.argv[1]); "
+         f"import importlib.util as u; sys.exit(any(u.find_spec(p) for p in {packages!r}))",
+         str(site_dir)],
+        capture_output=True,
+    )
+    assert check.returncode == 0, f"{absent} still importable: the case tests nothing"
