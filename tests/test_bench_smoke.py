@@ -35,6 +35,7 @@ def small_run(tmp_path_factory):
     return out, result
 
 
+@pytest.mark.slow
 def test_summary_has_the_issue_form(small_run):
     out, result = small_run
     summary = json.loads((out / "summary.json").read_text())
@@ -60,6 +61,7 @@ def test_summary_has_the_issue_form(small_run):
     assert set(summary["memory_peak"]) == {"bf16", "float8_rowwise", "mxfp8"}
 
 
+@pytest.mark.slow
 def test_results_file_keeps_every_row(small_run):
     out, _ = small_run
     saved = json.loads((out / "run.json").read_text())
@@ -106,6 +108,7 @@ def test_merge_replaces_a_shape_measured_again(small_run, tmp_path):
     assert merged["sections"]["linear"]["rows"] == first["sections"]["linear"]["rows"]
 
 
+@pytest.mark.slow
 def test_a_failing_item_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     real = linear_step.make_layer
 
@@ -132,6 +135,7 @@ def test_a_failing_item_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     assert result["summary"]["incomplete"] == {"sweep": {"skipped": 0, "errors": 2}}
 
 
+@pytest.mark.slow
 def test_a_failing_jax_variant_is_recorded_and_the_others_are_timed(tmp_path, monkeypatch):
     pytest.importorskip("flax")
     from bench import jax_training
@@ -153,6 +157,7 @@ def test_a_failing_jax_variant_is_recorded_and_the_others_are_timed(tmp_path, mo
     assert [e["error"] for e in jax_section["errors"]] == ["RuntimeError: planted"]
 
 
+@pytest.mark.slow
 def test_a_spent_time_budget_skips_and_says_so(tmp_path):
     result = run.main(
         [
@@ -171,6 +176,7 @@ def test_a_spent_time_budget_skips_and_says_so(tmp_path):
     assert result["summary"]["linear_fwd_bwd_speedup_vs_bf16"] == {}
 
 
+@pytest.mark.slow
 def test_jax_section(tmp_path):
     pytest.importorskip("flax")
     result = run.main(
@@ -235,6 +241,7 @@ def test_the_sweep_times_bf16_and_the_recipes_together(small_run):
         assert sorted(row["timed_with"]) == sorted(f"{i} {r}" for i, r in others)
 
 
+@pytest.mark.slow
 def test_host_overhead_bench_times_the_fallback_and_its_parts(tmp_path):
     """bench/host_overhead.py on this CPU (the kernel check faked, then restored): every
     variant is timed and written out, and --profile reports the step's events and Python

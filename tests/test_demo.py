@@ -91,6 +91,7 @@ def default_run(tmp_path_factory):
     return DemoRun(status, out, err, png, measured[0])
 
 
+@pytest.mark.slow
 @needs_everything
 def test_default_run_passes_every_byte_check(default_run):
     assert default_run.status == 0, default_run.out + default_run.err
@@ -105,6 +106,7 @@ def test_default_run_passes_every_byte_check(default_run):
         assert c.embeddings_max_abs_diff == 0.0
 
 
+@pytest.mark.slow
 @needs_everything
 def test_default_run_fidelity(default_run):
     """Measured on a CPU: mean cosine 0.997-0.998 (float8_rowwise, mxfp8) and 0.963

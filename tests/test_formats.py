@@ -85,6 +85,7 @@ def test_midpoints_round_to_even_on_both_sides(name):
         np.testing.assert_array_equal(lowp.encode(-probe, fmt), expect | sign, err_msg=f"-, {steps} ulp")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ELEMENTS)
 def test_encoder_equals_ml_dtypes_on_a_dense_sweep(name):
     """Every 61st float32 pattern in [0, max] (about 18M values for e4m3), both signs."""

@@ -73,6 +73,7 @@ def test_nvfp4(x, global_scale):
     check(x, lowp.NVFP4Scaling(block=8, global_scale=global_scale))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_amax_of_every_float32_exponent(fmt):
     """One tensor per float32 exponent: amax 1.5 * 2^e for e in -126..127."""

@@ -201,6 +201,7 @@ def quantized(request, torch_base, jax_params, tmp_path_factory):
 # --- The tests ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_torch_and_jax_quantize_to_the_reference_bytes_without_a_file(quantized):
     torch_q = torch_weights(quantized.torch_model)
     assert len(torch_q) == LINEARS
@@ -212,6 +213,7 @@ def test_torch_and_jax_quantize_to_the_reference_bytes_without_a_file(quantized)
     )
 
 
+@pytest.mark.slow
 def test_torch_file_loads_into_the_flax_twin_bit_for_bit(quantized, jax_base, jax_params, encoded):
     preset = quantized.preset
     loaded = lowp_jax.load_quantized(
@@ -250,6 +252,7 @@ def test_torch_file_loads_into_the_flax_twin_bit_for_bit(quantized, jax_base, ja
     )
 
 
+@pytest.mark.slow
 def test_jax_file_loads_into_the_torch_model_bit_for_bit(quantized, torch_base, encoded):
     preset = quantized.preset
     # No config: the activation scheme is the one the JAX side recorded.

@@ -18,18 +18,25 @@ import pytest
 
 from lowp._conformance import backends, cases, gemm, run
 
-PYTEST_SIZE = {"torch_cpu": "full", "torch_cuda_eager": "full"}
+# The plan each backend runs in the fast tier, and the larger one the slow tier adds:
+# eager torch pays nothing per configuration, JAX on CPU compiles each (seconds), and
+# torch.compile (`plan_size`) one size smaller again.
+FAST_SIZE = {"jax_cpu": "thin", "jax_gpu": "thin"}
+SLOW_SIZE = {"torch_cpu": "full", "torch_cuda_eager": "full"}
 
 
 def _grid():
-    """[(backend name, (rank, scheme), configurations)] for every backend's plan."""
+    """[(backend name, (rank, scheme), configurations, slow)] for every backend's plans:
+    the fast plan's groups, then the configurations only the slow plan has."""
     grid = []
     for backend in backends.BACKENDS:
-        size = run.plan_size(PYTEST_SIZE.get(backend.name, "quick"), backend)
-        groups = {}
-        for config in cases.configurations(size):
-            groups.setdefault((len(config.shape), config.scheme), []).append(config)
-        grid += [(backend.name, key, configs) for key, configs in groups.items()]
+        fast = cases.configurations(run.plan_size(FAST_SIZE.get(backend.name, "quick"), backend))
+        slow = cases.configurations(run.plan_size(SLOW_SIZE.get(backend.name, "quick"), backend))
+        for configs, is_slow in ((fast, False), ([c for c in slow if c not in fast], True)):
+            groups = {}
+            for config in configs:
+                groups.setdefault((len(config.shape), config.scheme), []).append(config)
+            grid += [(backend.name, key, group, is_slow) for key, group in groups.items()]
     return grid
 
 
@@ -39,8 +46,13 @@ GRID = _grid()
 @pytest.mark.parametrize(
     "backend, configs",
     [
-        pytest.param(name, configs, id=f"{name}-r{rank}-{cases.scheme_id(scheme)}")
-        for name, (rank, scheme), configs in GRID
+        pytest.param(
+            name,
+            configs,
+            id=f"{name}-r{rank}-{cases.scheme_id(scheme)}{'-slow' if is_slow else ''}",
+            marks=[pytest.mark.slow] if is_slow else [],
+        )
+        for name, (rank, scheme), configs, is_slow in GRID
     ],
     indirect=["backend"],
 )
@@ -86,6 +98,7 @@ def test_inputs_hold_every_edge_case_in_the_configurations_dtype():
     assert [name for name, _ in cases.inputs(empty)] == ["empty"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "backend, case",
     [

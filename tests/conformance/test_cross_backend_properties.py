@@ -58,6 +58,7 @@ def configured_inputs(draw):
     return cases.Configuration(scheme, shape, hp_dtype, rounding), x
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", backends.NAMES, indirect=True)
 @settings(
     max_examples=25,

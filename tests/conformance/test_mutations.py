@@ -134,6 +134,7 @@ def test_torch_dropped_flush_is_caught(backend):
 # --- lowp_jax ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["jax_cpu", "jax_gpu"], indirect=True)
 def test_jax_rceil_as_floor_is_caught(backend):
     from lowp_jax import _quantize as jax_quantize

@@ -65,6 +65,7 @@ def _same_bytes(got: lowp.QTensor, want: lowp.QTensor, where: str):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("name", lowp.Recipe.names())
 def test_torch_and_jax_quantize_every_training_gemm_operand_to_the_same_bytes(name, dtype):
@@ -88,6 +89,7 @@ def test_torch_and_jax_quantize_every_training_gemm_operand_to_the_same_bytes(na
             _same_bytes(lowp_jax.to_lowp(j), ref, f"{where} (jax vs numpy)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", lowp.Recipe.names())
 def test_mixed_precision_layers_agree_across_frameworks(name):
     """The layers as users build them, bf16 compute over float32 weights:

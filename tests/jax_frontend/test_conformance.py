@@ -39,6 +39,7 @@ def _differences(x, ref, q) -> list[str]:
     return compare.differences(x, ref, got)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "scheme",
     [
@@ -86,6 +87,7 @@ def test_traced_seed_matches_a_static_one():
 # --- shapes the rank-1..4 grid leaves out ---------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "scheme",
     [lowp.MXScaling(fmt, mode=mode) for fmt in cases.ELEMENTS for mode in ("floor", "rceil")]

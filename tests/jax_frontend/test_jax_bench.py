@@ -37,6 +37,7 @@ def test_small_run_writes_rows(tmp_path):
     assert all(r["ms"] > 0 and r["M"] == 256 for r in result["rows"])
 
 
+@pytest.mark.slow
 def test_small_cast_run_checks_bytes_and_writes_rows(tmp_path):
     """The cast bench's paths write the same bytes, and its edge cases are lowp's."""
     bench = _bench("jax_cast")
@@ -59,6 +60,7 @@ def test_small_cast_run_checks_bytes_and_writes_rows(tmp_path):
     assert len(compared) == 3 and all(r["same_bytes_as_pallas"] for r in compared)
 
 
+@pytest.mark.slow
 def test_fp8_pattern_bench_runs_its_variants(capsys):
     """bench/jax_fp8_pattern.py: lowp's forms agree with themselves bit for bit; a form
     the backend refuses (a named fp8 dot algorithm on the CPU) is reported, not fatal."""
@@ -103,6 +105,7 @@ def test_step_parts_trace_sums_a_steps_device_events():
     assert bench.busy_us([(0, 4), (1, 2), (10, 1)]) == 5.0
 
 
+@pytest.mark.slow
 def test_step_parts_trace_runs_each_step_under_the_profiler(tmp_path):
     """--trace writes a row per step (bf16, flax's, each recipe), with no timing; a CPU
     trace has no device process, so its summary is empty there."""
@@ -135,6 +138,7 @@ def test_gemm_form_probe_compiles_the_form_and_restores_the_threshold():
     assert _dot.BF16_OUTPUT_MIN_MACS == 2**39
 
 
+@pytest.mark.slow
 def test_gemm_accuracy_measures_every_path_on_every_kind_of_data(tmp_path):
     """bench/gemm_accuracy.py at one small shape: a row per kind of data with every
     path's SQNR, each within spec §7's 40 dB at this K (256) even under fast
@@ -168,6 +172,7 @@ def test_gemm_accuracy_measures_every_path_on_every_kind_of_data(tmp_path):
         bench.main(["--shapes", "64x256x128", "--data", "positive"])
 
 
+@pytest.mark.slow
 def test_step_parts_steps_merge_into_the_issue_summary(tmp_path):
     """--run-out writes the default steps (no parts, no variants) as a run.py "jax"
     section, which `run.py --from-results` turns into the summary's JAX ratios."""
@@ -192,6 +197,7 @@ def test_step_parts_steps_merge_into_the_issue_summary(tmp_path):
     assert table["float8_tensorwise"]["64x128x96"] == pytest.approx(bf16 / rows[2]["ms"], rel=1e-2)
 
 
+@pytest.mark.slow
 def test_step_parts_bench_takes_the_step_apart(tmp_path):
     """bench/jax_step_parts.py: every part is timed, and its GEMMs on the operands of
     `training_operands` reproduce the step's y, dx and dw bit for bit, so the parts

@@ -36,6 +36,7 @@ CASES = [(p, rank, "float32") for p in C.PRESETS for rank in (2, 3, 4)] + [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset, rank, hp_dtype", CASES)
 def test_every_impl_against_the_float64_product(preset, rank, hp_dtype):
     config = lowp.InferenceConfig.from_name(preset)

@@ -91,6 +91,7 @@ def test_bfloat16_compute_quantizes_the_float32_kernel_per_call_as_ahead(preset)
     np.testing.assert_array_equal(np.asarray(per_call, np.float32), np.asarray(ahead, np.float32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", C.PRESETS)
 def test_linen_dense_with_dot_general_cls_and_quantized_params(preset):
     x, w = C.operands(C.SHAPES[3])
@@ -147,6 +148,7 @@ def _check_quantized_tree(hp_leaves, q_leaves, preset):
     assert kernels == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", C.PRESETS)
 def test_quantize_params_every_preset_nnx_and_linen(preset):
     x, _ = C.operands(C.SHAPES[2])

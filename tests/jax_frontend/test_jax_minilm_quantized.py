@@ -41,6 +41,7 @@ def model():
     return minilm.MiniLM.from_pretrained()
 
 
+@pytest.mark.slow
 def test_embedding_cosine_and_layer_sqnr_every_preset(model, record_property):
     rows = minilm_jax.evaluate(model=model, jit=False)
     print("\n" + _minilm.fidelity_report(rows))
@@ -57,6 +58,7 @@ def test_embedding_cosine_and_layer_sqnr_every_preset(model, record_property):
             assert r["mean_cosine"] >= 0.85, (preset, r["mean_cosine"])
 
 
+@pytest.mark.slow
 def test_checkpoint_named_file_loads_into_the_flax_twin(model, tmp_path):
     """The file lowp_torch writes for its MiniLM twin: the checkpoint's tensor names,
     linear weights (out, in) as QTensors, the rest plain (made here with lowp, NumPy).

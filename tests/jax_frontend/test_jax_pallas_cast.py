@@ -86,6 +86,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("scheme", "shape"), CASES, ids=str)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("kind", ["wide", "specials"])
@@ -100,6 +101,7 @@ def test_interpreted_kernel_writes_lowps_bytes(scheme, shape, dtype, kind):
         assert np.count_nonzero(got) > got.size // 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", [lowp.TensorScaling(), lowp.AxisScaling(axis=-1)], ids=str)
 def test_a_poisoned_group_is_code_zero(scheme):
     x = edge_values((6, 40), seed=3, kind="wide")
@@ -249,6 +251,7 @@ _SHARDED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_sharded_input_is_cast_shard_by_shard():
     """Over 4 host devices (a subprocess: jax fixes the device count when it starts),
     sharded by rows, columns or both: no all-gather, the input's sharding kept, the
@@ -342,6 +345,7 @@ def _same_as_lowp(q, x, scheme):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", TRANSPOSED_SHAPES, ids=str)
 @pytest.mark.parametrize("scheme", ROWWISE_OF_TRANSPOSE, ids=str)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
@@ -362,6 +366,7 @@ def test_interpreted_quantize_transposed_is_quantize_of_the_transpose(shape, sch
         assert np.count_nonzero(np.asarray(got.codes).view(np.uint8)) > shape[0] // 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_interpreted_transposed_cast_writes_lowps_bytes(dtype):
     """`_pallas_cast.cast(transposed=True)` alone: each column's multiplier, the tile
@@ -377,6 +382,7 @@ def test_the_interpreted_transposed_cast_writes_lowps_bytes(dtype):
     np.testing.assert_array_equal(np.asarray(codes).view(np.uint8), want.codes.view(np.uint8))
 
 
+@pytest.mark.slow
 def test_quantize_transposed_elsewhere_is_quantize_of_the_transpose():
     """Where the kernel does not apply (a machine without an sm_90 GPU; anywhere, a
     scheme it does not take) quantize_transposed is quantize(x.T): the same QArray, no
@@ -423,6 +429,7 @@ def pallas_launches(jaxpr) -> int:
     return count
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("groups", ["tensor", "rows", "columns (transposed)"])
 def test_a_batch_past_the_int32_offsets_is_cast_in_launches(monkeypatch, groups):
     """Under vmap the kernel sees the whole batch (`_cast_local` of a (5, 40, 24) x here),
@@ -460,6 +467,7 @@ def test_a_batch_past_the_int32_offsets_is_cast_in_launches(monkeypatch, groups)
         assert not got[-1, -1].any()  # the poisoned group: x's last row (or column)
 
 
+@pytest.mark.slow
 def test_the_interpreted_transposed_cast_under_vmap_jit_and_grad():
     """A batch of matrices (batched multipliers, shared multipliers, nested vmap, an
     empty batch) gives each its own transposed codes; vmap and grad of
@@ -499,6 +507,7 @@ def test_the_interpreted_transposed_cast_under_vmap_jit_and_grad():
     assert not np.asarray(jnp.nan_to_num(g)).any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hp_dtype", ["float32", "bfloat16"])
 def test_training_operands_and_gradients_are_unchanged_by_the_transposed_kernel(hp_dtype):
     """float8_rowwise's backward quantizes w.T, dy.T and x.T rowwise: with the kernels
@@ -601,6 +610,7 @@ _SHARDED_TRANSPOSED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_sharded_input_is_cast_transposed_shard_by_shard():
     """Over 4 host devices (a subprocess): the transposed cast of x sharded by rows,
     columns or both keeps each device's tile where it lies (no all-gather), its codes

@@ -44,6 +44,7 @@ def _differences(x, ref, got) -> list[str]:
     return compare.differences(x, ref, compare.Outputs(got, {}))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", SCHEMES, ids=cases.scheme_id)
 def test_storage_dtypes_and_shapes(scheme):
     q = lowp_jax.quantize(_x(), scheme)
@@ -58,6 +59,7 @@ def test_storage_dtypes_and_shapes(scheme):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", SCHEMES, ids=cases.scheme_id)
 def test_pytree_round_trip_and_jit_passthrough(scheme):
     q = lowp_jax.quantize(_x(), scheme)
@@ -78,6 +80,7 @@ LAYOUT_CASES = [(s, "plain") for s in SCHEMES] + [
 ]  # the cublas_blocked layout exists for MX and NVFP4 scales only
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "scheme, layout", LAYOUT_CASES, ids=lambda v: v if isinstance(v, str) else cases.scheme_id(v)
 )
@@ -129,6 +132,7 @@ def test_qarray_refuses_inconsistent_fields():
 # --- grad ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_grad_flows_through_other_inputs_of_a_dequantized_value():
     scheme = lowp.MXScaling(mode="rceil")
     x, w = _x((2, 32)), _x((2, 32), seed=1)
@@ -149,6 +153,7 @@ def test_grad_flows_through_other_inputs_of_a_dequantized_value():
             assert leaf.dtype == jax.dtypes.float0 or not np.asarray(leaf, np.float32).any(), leaf
 
 
+@pytest.mark.slow
 def test_quantize_passes_no_gradient_and_fake_quantize_passes_it_straight_through():
     scheme = lowp.NVFP4Scaling()
     x = jnp.asarray(_x((2, 32)))
@@ -170,6 +175,7 @@ def test_quantize_passes_no_gradient_and_fake_quantize_passes_it_straight_throug
 # --- vmap ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "scheme, batched",
     [

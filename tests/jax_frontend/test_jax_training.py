@@ -82,6 +82,7 @@ def _f64(*arrays):
     return [np.asarray(a, np.float64) for a in arrays]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [2, 3])
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_gemm_against_high_precision(recipe, rank):
@@ -154,6 +155,7 @@ def test_operands_are_lowps_bytes(recipe, hp_dtype):
             )
 
 
+@pytest.mark.slow
 def test_jit_layouts_and_dtypes():
     """jit(grad) agrees with eager; the (N, K) weight, flax's (K, N) kernel and an lhs
     contracted along axis 0 give the same bits; a bfloat16 input with a float32 kernel
@@ -185,6 +187,7 @@ def test_jit_layouts_and_dtypes():
     assert sqnr_db(dkb, dk) >= FLOORS["float8"]["dw"]
 
 
+@pytest.mark.slow
 def test_scan_over_layers_and_gradient_accumulation():
     """Gradients accumulated in float32 by a scan over micro-batches, of a scan over
     three stacked layers, equal the sum of each micro-batch's gradients taken eagerly
@@ -226,6 +229,7 @@ def _mlp_loss(params, batch, recipe):
     return jnp.mean((y - target) ** 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["float8_rowwise_gw_hp", "mxfp8"])
 def test_exact_resume(recipe, tmp_path):
     """Six steps of SGD with momentum, or three, a checkpoint of parameters and optimizer
@@ -312,6 +316,7 @@ _SHARDED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sharded_over_four_cpu_devices():
     """Data parallel over 4 host devices, in a subprocess (jax fixes the device count
     when it starts): float8_tensorwise's scales are amaxes over all devices' rows, yet
@@ -359,6 +364,7 @@ _EXPLICIT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_explicit_sharding_over_four_cpu_devices():
     """Under a mesh with Explicit axes (jax.make_mesh's default), data parallel: the
     wgrad contracts the sharded M, which XLA refuses unless told the output's sharding
@@ -418,6 +424,7 @@ class _Model(nnx.Module):
         return self.down(jax.nn.gelu(self.up(x)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "recipe, preset",
     [
@@ -669,6 +676,7 @@ def fp8_kernels_here(monkeypatch):
     monkeypatch.setattr(_small_shapes, "MIN_WEIGHT", 2**10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["float8_tensorwise", "float8_rowwise", "mxfp8"])
 def test_small_calls_run_the_float_dot_and_large_ones_the_recipe(recipe, fp8_kernels_here, caplog):
     rng = np.random.default_rng(0)

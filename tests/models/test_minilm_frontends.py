@@ -123,6 +123,7 @@ def _cosine(a, b):
     return np.sum(a * b, axis=-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["built-in sentences", "256 tokens"])
 def test_float32_embeddings_match_float64_reference(backend, reference, which):
     sentences, want = {

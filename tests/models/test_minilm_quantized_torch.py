@@ -34,6 +34,7 @@ def rows():
     return {r["preset"]: r for r in minilm_torch.evaluate(lowp.InferenceConfig.names())}
 
 
+@pytest.mark.slow
 def test_every_preset_is_reported(rows):
     assert set(rows) == {"unquantized", *lowp.InferenceConfig.names()}
     assert rows["unquantized"]["ranking_preserved"]

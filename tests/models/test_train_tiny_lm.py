@@ -82,6 +82,7 @@ def test_same_initial_weights_in_both_frameworks():
             np.testing.assert_array_equal(got[key], value, err_msg=f"{name} {key}")
 
 
+@pytest.mark.slow
 def test_both_frameworks_train_alike(runs):
     torch_losses, jax_losses = (np.array(runs[name]["train_loss"]) for name in TRAINERS)
     for losses in (torch_losses, jax_losses):
@@ -94,6 +95,7 @@ def test_both_frameworks_train_alike(runs):
     np.testing.assert_allclose(runs["jax"]["heldout"], runs["torch"]["heldout"], rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_resume_is_exact(runs):
     assert {name: run["resume_exact"] for name, run in runs.items()} == {"torch": True, "jax": True}
 

@@ -53,6 +53,7 @@ COMPILED = [
 CPU_COMPILED = backends.TorchBackend("torch_cpu_compiled", "cpu", compiled=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "scheme, hp_dtype, rounding",
     COMPILED,
@@ -249,6 +250,7 @@ def test_check_finite_names_the_tensor_as_lowp_does():
     assert message.startswith("layer1.weight: 2 non-finite element(s), the first at index (2, 5)")
 
 
+@pytest.mark.slow
 def test_check_finite_raises_under_torch_compile_too():
     """The check is a host sync, so compile breaks the graph there; the error is the same."""
     quantize = torch.compile(

@@ -54,6 +54,7 @@ def test_quantized_linear_sqnr(preset, rank):
     assert torch.equal(first[..., 0, :], model[0].bias.expand_as(first[..., 0, :]))  # zero row
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_compiled_model_matches_eager(preset):
     """fullgraph: quantizing the activation, the GEMM and the bias add trace as one graph."""
@@ -66,6 +67,7 @@ def test_compiled_model_matches_eager(preset):
     assert torch.allclose(compiled, eager, rtol=1e-5, atol=1e-5), (compiled - eager).abs().max()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["float8_rowwise", "mxfp8", "nvfp4", "float8_weight_only"])
 @pytest.mark.parametrize("compiled", [False, True])
 def test_gradients_reach_the_input_and_the_layers_before(preset, compiled):

@@ -236,6 +236,7 @@ def test_resume_from_a_checkpoint_is_bit_identical(recipe):
 # --- torch.compile, activation checkpointing, float32 weight-gradient accumulation ---
 
 
+@pytest.mark.slow
 def test_compiled_forward_and_backward_match_eager():
     """fullgraph: quantizing x, w and dy, the tensorwise codes the forward keeps for
     the backward, and the three GEMMs trace as graphs. On the CPU every GEMM is the
@@ -620,6 +621,7 @@ def interpreted_steps():
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize("recipe, variant", INTERPRETED, ids=[f"{r}-{v}" for r, v in INTERPRETED])
 def test_triton_casts_quantize_both_ways_at_once_and_train_to_the_same_bytes(

@@ -232,6 +232,7 @@ def interpreted():
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason=NO_TRITON)
 @pytest.mark.parametrize("case", PLAN, ids=lambda c: c.id)
 def test_interpreted_kernels_match_lowp(interpreted, case):
@@ -348,6 +349,7 @@ PTX_VARIANTS = ["tensor-amax", "tensor-e4m3", "tensor-e5m2-pow2", "rows-one-pass
 PTX_VARIANTS += ["rows-chunked", "axis-amax-both", "axis-both", "mx-both"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason=NO_TRITON)
 @pytest.mark.parametrize("sm", [80, 89, 90])
 @pytest.mark.parametrize("variant", PTX_VARIANTS)
@@ -649,6 +651,7 @@ print(json.dumps({"bad": bad, "ran": ran}))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason=NO_TRITON)
 def test_transposed_codes_copy_is_the_bytes_of_contiguous():
     """Under the interpreter, the tile kernel's copy of a transposed byte tensor equals
@@ -759,6 +762,7 @@ print(json.dumps(results))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason=NO_TRITON)
 def test_compiled_code_calls_the_triton_casts_as_custom_ops():
     """Under torch.compile(fullgraph=True) the casts trace as `lowp::triton_quantize` and
@@ -799,6 +803,7 @@ def test_custom_op_fakes_match_the_launches():
     assert row_scale.shape == (64 * 3,) and col_scale.shape == (2 * 96,)
 
 
+@pytest.mark.slow
 def test_the_custom_ops_exist_once_lowp_torch_is_imported():
     """A saved exported program that calls them loads in a fresh process after `import
     lowp_torch`: the ops are registered there, not when the Triton casts first run."""
