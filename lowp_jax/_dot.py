@@ -44,7 +44,7 @@ import numpy as np
 from jax import lax
 
 import lowp
-from lowp import _formats
+from lowp import extend
 from lowp_jax import _devices, _encode, _layouts, _qarray, _quantize
 from lowp_jax import _dot_operands as _operands
 
@@ -461,7 +461,7 @@ GEMM_OUTPUT = "auto"
 # to cuBLASLt's fp8 GEMM writing bfloat16 at 2**38, 2**39 and 2**40 multiply-adds at
 # both precisions, but gave it to a Triton GEMM fusion at 2**35, at 2**37 with
 # Precision.HIGHEST and, in the training step, at 512x1024x2048 (2**30). The training
-# layers quantize from `lowp._small_shapes.MIN_MACS` = 2**39 up on such a GPU, so every
+# layers quantize from `extend.MIN_MACS` = 2**39 up on such a GPU, so every
 # fp8 training GEMM they run is past it.
 BF16_OUTPUT_MIN_MACS = 2**39
 
@@ -522,7 +522,7 @@ def scaled_matmul_operands(q: _qarray.QArray) -> tuple[jax.Array, jax.Array]:
     if q.fmt == "float4_e2m1fn":
         codes = _layouts.unpack_fp4(q.codes)
         # Every e2m1 value is exact in float32, so this cast is exact (spec §0.5).
-        data = _encode.decode(codes, _formats.FLOAT4_E2M1FN).astype(jnp.float4_e2m1fn)
+        data = _encode.decode(codes, extend.FLOAT4_E2M1FN).astype(jnp.float4_e2m1fn)
     else:
         data = q.codes
     scale = q.scale

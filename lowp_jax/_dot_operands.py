@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import lowp
-from lowp import _schemes
+from lowp import extend
 from lowp_jax import _qarray
 
 logger = logging.getLogger("lowp_jax")
@@ -104,7 +104,7 @@ def _quantized_axes(q: _qarray.QArray) -> tuple[int, ...] | None:
         return None
     if isinstance(s, lowp.BlockScaling):
         return (q.ndim - 2, q.ndim - 1)
-    return (_schemes.normalize_axis(s.axis, q.ndim, s),)
+    return (extend.normalize_axis(s.axis, q.ndim, s),)
 
 
 def check_quantized_along(q: _qarray.QArray, dim: int, name: str) -> None:

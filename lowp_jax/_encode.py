@@ -1,6 +1,6 @@
 """The element encoder of spec §2 and the decoders, in integer arithmetic.
 
-A port of `lowp._formats.encode` to uint32 JAX operations. JAX's own float6 casts are
+A port of `lowp.encode` to uint32 JAX operations. JAX's own float6 casts are
 broken (no CPU support, invalid codes on the GPU) and native float8 casts disagree on
 overflow and NaN (spec §0.5), so every format goes through this one encoder. The same
 routine, with float16's field widths, converts dequantized float32 values to float16.

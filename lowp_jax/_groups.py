@@ -9,7 +9,7 @@ import math
 import jax.numpy as jnp
 
 import lowp
-from lowp import _schemes
+from lowp import extend
 
 
 def group_max(a: jnp.ndarray, scheme: lowp.Scheme) -> jnp.ndarray:
@@ -18,7 +18,7 @@ def group_max(a: jnp.ndarray, scheme: lowp.Scheme) -> jnp.ndarray:
     if isinstance(scheme, lowp.TensorScaling):
         return jnp.max(a, initial=0)
     if isinstance(scheme, lowp.AxisScaling):
-        ax = _schemes.normalize_axis(scheme.axis, a.ndim, scheme)
+        ax = extend.normalize_axis(scheme.axis, a.ndim, scheme)
         return jnp.max(a, axis=ax, keepdims=True, initial=0)
     if isinstance(scheme, lowp.BlockScaling):
         b0, b1 = scheme.block
@@ -28,7 +28,7 @@ def group_max(a: jnp.ndarray, scheme: lowp.Scheme) -> jnp.ndarray:
         tiled = jnp.pad(a, pad).reshape(shape[:-2] + (tiles_r, b0, tiles_c, b1))
         return jnp.max(tiled, axis=(-3, -1), initial=0)
     if isinstance(scheme, (lowp.MXScaling, lowp.NVFP4Scaling)):
-        ax = _schemes.normalize_axis(scheme.axis, a.ndim, scheme)
+        ax = extend.normalize_axis(scheme.axis, a.ndim, scheme)
         split = shape[:ax] + (shape[ax] // scheme.block, scheme.block) + shape[ax + 1 :]
         return jnp.max(a.reshape(split), axis=ax + 1, initial=0)
     raise TypeError(f"not a lowp scheme: {scheme!r}")
@@ -47,7 +47,7 @@ def expand(g: jnp.ndarray, scheme: lowp.Scheme, shape: tuple[int, ...]) -> jnp.n
         full = tiled.reshape(lead + (tiles_r * b0, tiles_c * b1))
         return full[..., : shape[-2], : shape[-1]]
     if isinstance(scheme, (lowp.MXScaling, lowp.NVFP4Scaling)):
-        ax = _schemes.normalize_axis(scheme.axis, len(shape), scheme)
+        ax = extend.normalize_axis(scheme.axis, len(shape), scheme)
         split = shape[:ax] + (shape[ax] // scheme.block, scheme.block) + shape[ax + 1 :]
         return jnp.broadcast_to(jnp.expand_dims(g, ax + 1), split).reshape(shape)
     raise TypeError(f"not a lowp scheme: {scheme!r}")

@@ -4,7 +4,7 @@ as `lowp._layouts` but on JAX arrays (jit-able; shapes are static)."""
 import jax.numpy as jnp
 import numpy as np
 
-from lowp import _layouts
+from lowp import extend
 
 
 def pack_fp4(codes: jnp.ndarray) -> jnp.ndarray:
@@ -27,7 +27,7 @@ def to_cublas_blocked(scale: jnp.ndarray) -> jnp.ndarray:
     if scale.ndim != 2:
         raise ValueError(f"to_cublas_blocked takes a 2-D scale matrix, got shape {scale.shape}")
     rows, cols = scale.shape
-    padded_rows, padded_cols = _layouts.cublas_blocked_shape(rows, cols)
+    padded_rows, padded_cols = extend.cublas_blocked_shape(rows, cols)
     padded = jnp.pad(scale, ((0, padded_rows - rows), (0, padded_cols - cols)))
     tiles = padded.reshape(padded_rows // 128, 4, 32, padded_cols // 4, 4)
     return tiles.transpose(0, 3, 2, 1, 4).reshape(padded_rows, padded_cols)
@@ -35,7 +35,7 @@ def to_cublas_blocked(scale: jnp.ndarray) -> jnp.ndarray:
 
 def from_cublas_blocked(blocked: jnp.ndarray, rows: int, cols: int) -> jnp.ndarray:
     """Inverse of `to_cublas_blocked`: the `rows x cols` plain scale matrix."""
-    expected = _layouts.cublas_blocked_shape(rows, cols)
+    expected = extend.cublas_blocked_shape(rows, cols)
     if blocked.shape != expected:
         raise ValueError(
             f"a cublas_blocked scale for a {rows}x{cols} matrix has shape {expected}, "

@@ -48,7 +48,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import lowp
-from lowp import _schemes
+from lowp import extend
 from lowp_jax import _bits, _devices
 
 _FLOAT8 = {"float8_e4m3fn": jnp.float8_e4m3fn, "float8_e5m2": jnp.float8_e5m2}
@@ -88,7 +88,7 @@ def applies(
         grouped_axis = len(shape) - (2 if transposed else 1)
         if (
             len(shape) < 2
-            or _schemes.normalize_axis(scheme.axis, len(shape), scheme) != grouped_axis
+            or extend.normalize_axis(scheme.axis, len(shape), scheme) != grouped_axis
         ):
             return False
     elif transposed or not isinstance(scheme, lowp.TensorScaling):

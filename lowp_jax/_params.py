@@ -125,8 +125,8 @@ def save_quantized(params, path, *, names=None, config=None) -> None:
       params: an nnx State or linen params dict, quantized or not.
       path: the .safetensors file to write (atomically).
       names: `names(path) -> str`, the tensor name of each leaf; default the path's
-        keys joined by '.'. For a file another framework reads, use its parameter names:
-        `lowp_jax.models.minilm.kernel_name` gives the checkpoint's (torch) names.
+        keys joined by '.'. For a file another framework reads, use its parameter names
+        (a torch model's: `encoder.layer.0.attention.self.query.weight`, say).
       config: the `lowp.InferenceConfig` or preset name the QArray kernels were
         quantized with; its `activation` (None: weight-only) is recorded for each of
         them. Default: nothing recorded.

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import lowp
-from lowp import _qtensor, _schemes
+from lowp import extend
 from lowp_jax import _layouts
 
 # How each format's bytes are stored: e4m3/e5m2 codes (and NVFP4's e4m3 block scales)
@@ -112,7 +112,7 @@ class QArray:
     scale_layout: str = "plain"
 
     def __post_init__(self):
-        layout = _qtensor.check_layout("QArray", self.scheme, self.shape, self.hp_dtype, self.scale_layout)
+        layout = extend.check_layout("QArray", self.scheme, self.shape, self.hp_dtype, self.scale_layout)
         _expect("codes", self.codes, _STORAGE[self.scheme.fmt], layout.codes_shape)
         _expect("scale", self.scale, _STORAGE[layout.scale_format], layout.scale_shape)
         if layout.has_global_scale:
@@ -172,8 +172,8 @@ class QArray:
         """The same array with its scales in `layout` ("plain" or "cublas_blocked")."""
         if layout == self.scale_layout:
             return self
-        _qtensor.stored_scale_shape(self.scheme, self.shape, layout)  # validates the layout applies
-        rows, cols = _qtensor.blocked_matrix_shape(self.scheme, self.shape)
+        extend.stored_scale_shape(self.scheme, self.shape, layout)  # validates the layout applies
+        rows, cols = extend.blocked_matrix_shape(self.scheme, self.shape)
         scale = code_bytes(self.scale)
         if layout == "cublas_blocked":
             scale = _layouts.to_cublas_blocked(scale.reshape(rows, cols))
@@ -181,7 +181,7 @@ class QArray:
             scale = _layouts.from_cublas_blocked(scale, rows, cols).reshape(
                 self.scheme.scale_shape(self.shape)
             )
-        scale = store(scale, _schemes.scale_format(self.scheme))
+        scale = store(scale, extend.scale_format(self.scheme))
         return dataclasses.replace(self, scale=scale, scale_layout=layout)
 
     def __repr__(self):
@@ -231,7 +231,7 @@ def from_lowp(qt: lowp.QTensor) -> QArray:
     """A QArray holding exactly the bytes of the NumPy `lowp.QTensor` qt (on the default device)."""
     if not isinstance(qt, lowp.QTensor):
         raise TypeError(f"from_lowp takes a lowp.QTensor, got {type(qt).__name__}")
-    scale_fmt = _schemes.scale_format(qt.scheme)
+    scale_fmt = extend.scale_format(qt.scheme)
     return QArray(
         codes=store(qt.codes, qt.scheme.fmt),
         scale=store(qt.scale, scale_fmt) if scale_fmt != "float32" else jnp.asarray(qt.scale),

@@ -28,13 +28,13 @@ from jax import lax
 from jax.experimental import checkify
 
 import lowp
-from lowp import _formats, _quantize, _rounding, _schemes
+from lowp import extend
 from lowp_jax import _bits, _dtypes, _encode, _exact, _groups, _layouts, _pallas_cast, _qarray
 from lowp_jax import _rounding as _jax_rounding
 
-_EPS_BITS = _bits.f32_pattern(_quantize.EPS)  # 0x2B8CBCCC, the float-scale amax floor
-_E4M3 = _formats.FLOAT8_E4M3FN
-_E2M1 = _formats.FLOAT4_E2M1FN
+_EPS_BITS = _bits.f32_pattern(extend.EPS)  # 0x2B8CBCCC, the float-scale amax floor
+_E4M3 = extend.FLOAT8_E4M3FN
+_E2M1 = extend.FLOAT4_E2M1FN
 _ONE_SIXTH = np.float32(1) / np.float32(6)  # RN32(1/6), rounded once on the host
 
 
@@ -69,7 +69,7 @@ def _is_zero_int(value) -> bool:
 def _rounding_args(shape, rounding, random_bits, seed, offset, name):
     """Validated (random_bits, seed, offset) for the jitted core: all None for nearest;
     explicit bits, or the seed and offset as uint32 scalars, for stochastic."""
-    source = _rounding.random_source(rounding, random_bits, seed, _is_zero_int(offset), name)
+    source = extend.random_source(rounding, random_bits, seed, _is_zero_int(offset), name)
     if source == "none":
         return None, None, None
     if source == "seed":
@@ -229,7 +229,7 @@ def quantize(
     >>> lowp_jax.to_lowp(q).codes.tolist(), float(q.scale)
     ([56, 192, 126], 1.0)
     """
-    _schemes.check_scheme(scheme)
+    extend.check_scheme(scheme)
     x, _ = _hp_input(x, name)
     scheme.check_shape(tuple(x.shape))
     random, seed, offset = _rounding_args(x.shape, rounding, random_bits, seed, offset, name)
@@ -248,7 +248,7 @@ def _quantize(x, random, seed, offset, *, scheme) -> _qarray.QArray:
     if seed is not None:
         random = _jax_rounding.random_bits(seed, shape, offset)
     xf, absb = _flushed(x)
-    fmt = _formats.element_format(scheme.fmt)
+    fmt = extend.element_format(scheme.fmt)
     global_scale = None
 
     if isinstance(scheme, (lowp.TensorScaling, lowp.AxisScaling, lowp.BlockScaling)):
@@ -331,12 +331,12 @@ def quantize_transposed(x, scheme: lowp.Scheme, *, name: str = "input") -> _qarr
       scheme: a lowp scheme that admits x.T, (C, R).
       name: how errors refer to the quantized tensor x.T.
     """
-    _schemes.check_scheme(scheme)
+    extend.check_scheme(scheme)
     x, _ = _hp_input(x, name)
     if x.ndim != 2:
         raise ValueError(f"{name}: quantize_transposed takes a rank-2 array, got shape {x.shape}")
     scheme.check_shape(x.shape[::-1])
-    fmt_name = _formats.element_format(scheme.fmt).name
+    fmt_name = extend.element_format(scheme.fmt).name
     if not isinstance(scheme, lowp.AxisScaling) or not _pallas_cast.applies(
         _axis_swapped(scheme), fmt_name, tuple(x.shape), transposed=True
     ):
@@ -347,7 +347,7 @@ def quantize_transposed(x, scheme: lowp.Scheme, *, name: str = "input") -> _qarr
 def _axis_swapped(scheme: lowp.AxisScaling) -> lowp.AxisScaling:
     """The AxisScaling that groups a rank-2 x as `scheme` groups x.T (x.T's axis 1 is
     x's axis 0): one scale per column of x for `scheme`'s one per row of x.T."""
-    return dataclasses.replace(scheme, axis=1 - _schemes.normalize_axis(scheme.axis, 2, scheme))
+    return dataclasses.replace(scheme, axis=1 - extend.normalize_axis(scheme.axis, 2, scheme))
 
 
 @functools.partial(jax.jit, static_argnames=("scheme",))
@@ -355,7 +355,7 @@ def _quantize_transposed(x, *, scheme) -> _qarray.QArray:
     """The arithmetic of `quantize_transposed` where the kernel applies: `_quantize`'s
     float-scaled branch for x.T, computed on x (its columns are x.T's rows)."""
     columns = _axis_swapped(scheme)
-    fmt = _formats.element_format(scheme.fmt)
+    fmt = extend.element_format(scheme.fmt)
     xf, absb = _flushed(x)
     m, scale, poisoned = _float_group_scales(absb, columns, fmt)
     codes = _float_scaled_codes(x, xf, m, poisoned, columns, fmt, None, transposed=True)
@@ -445,7 +445,7 @@ def _dequantize(q: _qarray.QArray, *, out_dtype: str) -> jax.Array:
     """The arithmetic of `dequantize`."""
     q = q.with_scale_layout("plain")
     scheme, shape = q.scheme, q.shape
-    fmt = _formats.element_format(scheme.fmt)
+    fmt = extend.element_format(scheme.fmt)
     codes = _qarray.code_bytes(lax.stop_gradient(q.codes))
     if fmt.name == "float4_e2m1fn":
         codes = _layouts.unpack_fp4(codes)

@@ -40,7 +40,7 @@ import numpy as np
 from jax import lax
 
 import lowp
-from lowp import _small_shapes
+from lowp import extend
 from lowp_jax import _devices, _dot, _qarray, _quantize, _quantized_dot
 from lowp_jax import _dot_operands as _operands
 
@@ -175,11 +175,11 @@ def in_high_precision(recipe, impl: str, x, w) -> bool:
     if not fp8_kernels_run(recipe, impl, _dot._device(x, w)):
         return False
     (m, k), n = x.shape, w.shape[0]
-    if _small_shapes.call_pays(m, k, n):
+    if extend.call_pays(m, k, n):
         return False
     logger.info(
         f"training_dot_general: {recipe.name} runs in high precision "
-        f"({_small_shapes.describe(m, k, n)}); small_shapes='quantize' forces fp8"
+        f"({extend.describe_small_shape(m, k, n)}); small_shapes='quantize' forces fp8"
     )
     return True
 

@@ -18,7 +18,7 @@ and MX casts as fused Triton kernels (same bytes); `cast_kernels` picks the path
 
 import torch
 
-import lowp
+from lowp import extend
 from lowp_torch import _cast_ops  # noqa: F401 - registers the lowp:: custom ops
 from lowp_torch._cast_kernels import cast_kernels
 from lowp_torch._config import LinearConfig
@@ -36,7 +36,7 @@ from lowp_torch._training_linear import Linear, convert_to_training
 # lowp schemes and a LinearConfig: plain frozen dataclasses that check their fields on
 # construction, holding no code to run. Registering them here, once, lets such a
 # checkpoint load with the safe loader without every user learning these class names.
-torch.serialization.add_safe_globals([QuantizedTensor, LinearConfig, *lowp._schemes.SCHEME_TYPES])
+torch.serialization.add_safe_globals([QuantizedTensor, LinearConfig, *extend.SCHEME_TYPES])
 
 __all__ = [
     "Linear",

@@ -42,7 +42,7 @@ import threading
 
 import torch
 
-from lowp import _schemes
+import lowp
 from lowp_torch import _log, _storage
 
 MODES = ("auto", "triton", "torch")
@@ -138,11 +138,11 @@ def triton_problem(
 
 def scheme_problem(scheme) -> str | None:
     """Why the Triton kernels do not implement `scheme`, or None."""
-    if not isinstance(scheme, (_schemes.TensorScaling, _schemes.AxisScaling, _schemes.MXScaling)):
+    if not isinstance(scheme, (lowp.TensorScaling, lowp.AxisScaling, lowp.MXScaling)):
         return f"no Triton kernel for {type(scheme).__name__}"
     if scheme.fmt not in _FP8:
         return f"no Triton kernel for element format {scheme.fmt} (only {', '.join(_FP8)})"
-    if isinstance(scheme, _schemes.MXScaling) and scheme.block & (scheme.block - 1):
+    if isinstance(scheme, lowp.MXScaling) and scheme.block & (scheme.block - 1):
         return f"MX block {scheme.block} is not a power of two (Triton tiles are)"
     return None
 

@@ -15,14 +15,15 @@ import math
 
 import torch
 
-from lowp import _formats, _schemes
+import lowp
+from lowp import extend
 
 
 def scheme_key(scheme) -> str:
     """The ops' string for a TensorScaling, AxisScaling or MXScaling scheme."""
-    if isinstance(scheme, _schemes.TensorScaling):
+    if isinstance(scheme, lowp.TensorScaling):
         return f"tensor:{scheme.fmt}:{int(scheme.pow2)}"
-    if isinstance(scheme, _schemes.AxisScaling):
+    if isinstance(scheme, lowp.AxisScaling):
         return f"axis:{scheme.fmt}:{scheme.axis}:{int(scheme.pow2)}"
     return f"mx:{scheme.fmt}:{scheme.block}:{scheme.mode}:{scheme.axis}"
 
@@ -30,18 +31,18 @@ def scheme_key(scheme) -> str:
 def scheme_of_key(key: str):
     kind, fmt, *fields = key.split(":")
     if kind == "tensor":
-        return _schemes.TensorScaling(fmt, pow2=bool(int(fields[0])))
+        return lowp.TensorScaling(fmt, pow2=bool(int(fields[0])))
     if kind == "axis":
-        return _schemes.AxisScaling(fmt, axis=int(fields[0]), pow2=bool(int(fields[1])))
+        return lowp.AxisScaling(fmt, axis=int(fields[0]), pow2=bool(int(fields[1])))
     block, mode, axis = fields
-    return _schemes.MXScaling(fmt, block=int(block), mode=mode, axis=int(axis))
+    return lowp.MXScaling(fmt, block=int(block), mode=mode, axis=int(axis))
 
 
 def _scale_buffer(x, scheme, shape) -> torch.Tensor:
     """An empty tensor like the flat scales the launches return for `scheme` at `shape`."""
-    if isinstance(scheme, _schemes.TensorScaling):
+    if isinstance(scheme, lowp.TensorScaling):
         return x.new_empty((), dtype=torch.float32)
-    dtype = torch.uint8 if isinstance(scheme, _schemes.MXScaling) else torch.float32
+    dtype = torch.uint8 if isinstance(scheme, lowp.MXScaling) else torch.float32
     return x.new_empty((math.prod(scheme.scale_shape(shape)),), dtype=dtype)
 
 
@@ -52,7 +53,7 @@ def _quantize_op(x: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Tens
 
     s, x = scheme_of_key(scheme), x.contiguous()
     with _triton_casts._on_device(x):
-        return _triton_casts._launch(x, tuple(x.shape), s, _formats.element_format(s.fmt))
+        return _triton_casts._launch(x, tuple(x.shape), s, extend.element_format(s.fmt))
 
 
 @_quantize_op.register_fake
@@ -71,7 +72,7 @@ def _quantize_both_op(
     s, x = scheme_of_key(scheme), x.contiguous()
     with _triton_casts._on_device(x):
         (row_codes, row_scale), (col_codes, col_scale) = _triton_casts._launch_both(
-            x, s, _formats.element_format(s.fmt)
+            x, s, extend.element_format(s.fmt)
         )
     return row_codes, row_scale, col_codes, col_scale
 

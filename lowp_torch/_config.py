@@ -2,7 +2,8 @@
 
 import dataclasses
 
-from lowp import _schemes
+import lowp
+from lowp import extend
 
 KERNELS = ("auto", "scaled_mm", "fbgemm", "emulated")
 
@@ -36,7 +37,7 @@ class LinearConfig:
     'auto'
     """
 
-    activation: _schemes.Scheme | None = None
+    activation: lowp.Scheme | None = None
     kernel: str = "auto"
     fast_accum: bool = True
     pad_to_16: bool = False
@@ -45,7 +46,7 @@ class LinearConfig:
 
     def __post_init__(self):
         if self.activation is not None:
-            _schemes.check_scheme(self.activation)
+            extend.check_scheme(self.activation)
         if self.kernel not in KERNELS:
             raise ValueError(f"LinearConfig.kernel must be one of {KERNELS}, got {self.kernel!r}")
         for field in ("fast_accum", "pad_to_16", "strict"):

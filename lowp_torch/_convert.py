@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 import lowp
-from lowp import _schemes
+from lowp import extend
 from lowp_torch import _qtensor, _storage
 
 _HP_BY_NAME = {name: dtype for dtype, name in _storage.HP_DTYPES.items()}
@@ -49,7 +49,7 @@ def from_lowp(qt: lowp.QTensor, device=None) -> _qtensor.QuantizedTensor:
         raise TypeError(f"from_lowp takes a lowp.QTensor, got {type(qt).__name__}")
     fmt = qt.scheme.fmt
     codes = _storage.as_stored(_device(qt.codes, device), _storage.CODE_DTYPES[fmt])
-    scale_dtype = _storage.SCALE_DTYPES[_schemes.scale_format(qt.scheme)]
+    scale_dtype = _storage.SCALE_DTYPES[extend.scale_format(qt.scheme)]
     scale = _device(qt.scale, device)
     if scale_dtype != torch.float32:
         scale = _storage.as_stored(scale, scale_dtype)

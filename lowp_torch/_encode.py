@@ -7,19 +7,19 @@ range the casts round to nearest even exactly as E_fmt (measured equal to `lowp.
 on 3M values per format: every code, every midpoint and ±3 ulp around it, uniform and
 tiny magnitudes; the conformance suites check every backend). On the CPU they are
 12-30x faster than the integer port below. float6 and float4 have no torch cast, so
-their codes are built from the float32 bits by that port of `lowp._formats.encode`,
+their codes are built from the float32 bits by that port of `lowp.encode`,
 and their values decoded the same way.
 """
 
 import torch
 
-from lowp import _formats
+import lowp
 from lowp_torch import _bits, _storage
 
 _NATIVE_FLOAT8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
 
 
-def _native_float8(t: torch.Tensor, fmt: _formats.Format) -> torch.dtype | None:
+def _native_float8(t: torch.Tensor, fmt: lowp.Format) -> torch.dtype | None:
     """The torch dtype to cast through for `fmt`, where that cast is exact; else None.
 
     Eagerly the cast is c10's on CPU and CUDA alike. Under torch.compile, Inductor's C++
@@ -33,7 +33,7 @@ def _native_float8(t: torch.Tensor, fmt: _formats.Format) -> torch.dtype | None:
     return native if torch.cuda.get_device_capability(t.device) >= (9, 0) else None
 
 
-def encode(v: torch.Tensor, fmt: _formats.Format) -> torch.Tensor:
+def encode(v: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     """E_fmt of spec §2: float32 -> uint8 codes, round to nearest, ties to the even code.
 
     `v` must be finite with |v| <= fmt.max (callers clamp first). Element subnormals
@@ -65,7 +65,7 @@ def encode(v: torch.Tensor, fmt: _formats.Format) -> torch.Tensor:
     return code.to(torch.uint8)
 
 
-def decode(codes: torch.Tensor, fmt: _formats.Format) -> torch.Tensor:
+def decode(codes: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     """float32 value of each code (an integer tensor, one code an element).
 
     NaN codes give the canonical NaN 0x7FC00000 (as `lowp.decode`), e5m2's Inf codes

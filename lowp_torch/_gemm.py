@@ -32,14 +32,14 @@ import math
 import torch
 import torch.nn.functional as F
 
-from lowp import _schemes
+import lowp
 from lowp_torch import _cast_kernels, _config, _log, _qtensor, _quantize, _storage
 
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 _E4M3 = "float8_e4m3fn"
 # The rowwise kernels take rowwise operands along K, or one tensorwise operand beside a
 # rowwise one (float8_rowwise_gw_hp's dgrad), its scale repeated per row (`_row_scales`).
-_ROWWISE = (_schemes.AxisScaling, _schemes.TensorScaling)
+_ROWWISE = (lowp.AxisScaling, lowp.TensorScaling)
 
 
 def scaled_matmul(
@@ -185,17 +185,17 @@ def gemm_form(a, b) -> str | None:
     last_a = getattr(sa, "axis", -1) % a.dim() == a.dim() - 1
     last_b = getattr(sb, "axis", -1) % b.dim() == b.dim() - 1
     fp8 = sa.fmt in _FP8 and sb.fmt in _FP8 and (sa.fmt, sb.fmt) != ("float8_e5m2",) * 2
-    if isinstance(sa, _schemes.TensorScaling) and isinstance(sb, _schemes.TensorScaling) and fp8:
+    if isinstance(sa, lowp.TensorScaling) and isinstance(sb, lowp.TensorScaling) and fp8:
         return "tensorwise"
     if isinstance(sa, _ROWWISE) and isinstance(sb, _ROWWISE):  # not both tensorwise, here
         return "rowwise" if fp8 and last_a and last_b else None
-    if isinstance(sa, _schemes.BlockScaling) and isinstance(sb, _schemes.BlockScaling):
+    if isinstance(sa, lowp.BlockScaling) and isinstance(sb, lowp.BlockScaling):
         blocks_fit = sa.block == (1, 128) and sb.block in ((128, 128), (1, 128))
         return "block" if fp8 and blocks_fit else None
-    if isinstance(sa, _schemes.MXScaling) and isinstance(sb, _schemes.MXScaling):
+    if isinstance(sa, lowp.MXScaling) and isinstance(sb, lowp.MXScaling):
         same_kind = fp8 or sa.fmt == sb.fmt == "float4_e2m1fn"
         return "mx" if same_kind and sa.block == sb.block == 32 and last_a and last_b else None
-    if isinstance(sa, _schemes.NVFP4Scaling) and isinstance(sb, _schemes.NVFP4Scaling):
+    if isinstance(sa, lowp.NVFP4Scaling) and isinstance(sb, lowp.NVFP4Scaling):
         ok = sa.block == sb.block == 16 and sa.global_scale == sb.global_scale and last_a and last_b
         return "nvfp4" if ok else None
     return None
@@ -343,7 +343,7 @@ def _row_scales(q) -> torch.Tensor:
     """One decode scale per row of q, shaped q.shape[:-1]: its rowwise scales, or its
     tensorwise scale repeated (cuBLAS has no tensorwise x rowwise kernel; torchao
     repeats the scale the same way for this pair)."""
-    if isinstance(_qtensor.scheme_of(q), _schemes.TensorScaling):
+    if isinstance(_qtensor.scheme_of(q), lowp.TensorScaling):
         return q.scale.expand(q.shape[:-1]).contiguous()
     return q.scale.reshape(q.shape[:-1])
 

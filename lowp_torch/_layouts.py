@@ -7,7 +7,7 @@ torch's storage dtypes.
 import torch
 import torch.nn.functional as F
 
-from lowp import _layouts
+from lowp import extend
 
 
 def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
@@ -37,7 +37,7 @@ def to_cublas_blocked(scale: torch.Tensor) -> torch.Tensor:
             f"to_cublas_blocked takes a 2-D scale matrix, got shape {tuple(scale.shape)}"
         )
     rows, cols = scale.shape
-    padded_rows, padded_cols = _layouts.cublas_blocked_shape(rows, cols)
+    padded_rows, padded_cols = extend.cublas_blocked_shape(rows, cols)
     padded = F.pad(scale, (0, padded_cols - cols, 0, padded_rows - rows))
     # r = 128*tile_r + 32*r1 + r0, c = 4*tile_c + c0  ->  (tile_r, tile_c, r0, r1, c0)
     tiles = padded.reshape(padded_rows // 128, 4, 32, padded_cols // 4, 4)
@@ -46,7 +46,7 @@ def to_cublas_blocked(scale: torch.Tensor) -> torch.Tensor:
 
 def from_cublas_blocked(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """Inverse of `to_cublas_blocked`: the `rows x cols` plain uint8 scale matrix."""
-    expected = _layouts.cublas_blocked_shape(rows, cols)
+    expected = extend.cublas_blocked_shape(rows, cols)
     if tuple(blocked.shape) != expected:
         raise ValueError(
             f"a cublas_blocked scale for a {rows}x{cols} matrix has shape {expected}, "

@@ -26,7 +26,8 @@ import hashlib
 import torch
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
-from lowp import _qtensor, _schemes
+import lowp
+from lowp import extend
 from lowp_torch import _config, _layouts, _storage
 
 aten = torch.ops.aten
@@ -41,10 +42,10 @@ _FIELDS = (
     "scale_layout",
     "linear",
 )
-_SCHEME_KINDS = {cls.__name__: cls for cls in _schemes.SCHEME_TYPES}
+_SCHEME_KINDS = {cls.__name__: cls for cls in extend.SCHEME_TYPES}
 _FIELD_NAMES = {
     cls: tuple(f.name for f in dataclasses.fields(cls))
-    for cls in (*_schemes.SCHEME_TYPES, _config.LinearConfig)
+    for cls in (*extend.SCHEME_TYPES, _config.LinearConfig)
 }
 _DECODED: dict = {}  # key -> scheme or LinearConfig, filled in eager mode only
 
@@ -90,7 +91,7 @@ class QuantizedTensor(torch.Tensor):
         codes: torch.Tensor,
         scale: torch.Tensor,
         global_scale: torch.Tensor | None,
-        scheme: _schemes.Scheme,
+        scheme: lowp.Scheme,
         shape,
         hp_dtype: torch.dtype,
         scale_layout: str = "plain",
@@ -120,7 +121,7 @@ class QuantizedTensor(torch.Tensor):
         return self
 
     @property
-    def scheme(self) -> _schemes.Scheme:
+    def scheme(self) -> lowp.Scheme:
         return scheme_of(self)
 
     @property
@@ -272,7 +273,7 @@ class QuantizedTensor(torch.Tensor):
         )
 
 
-def scheme_of(q: QuantizedTensor) -> _schemes.Scheme:
+def scheme_of(q: QuantizedTensor) -> lowp.Scheme:
     """`q.scheme`, in a form torch.compile can trace (see the module docstring)."""
     return _decode(q._scheme_key)
 
@@ -306,8 +307,8 @@ def with_scale_layout(q: QuantizedTensor, layout: str) -> QuantizedTensor:
     if layout == q.scale_layout:
         return q
     shape, scheme = tuple(q.shape), scheme_of(q)
-    _qtensor.stored_scale_shape(scheme, shape, layout)  # validates the layout
-    rows, cols = _qtensor.blocked_matrix_shape(scheme, shape)
+    extend.stored_scale_shape(scheme, shape, layout)  # validates the layout
+    rows, cols = extend.blocked_matrix_shape(scheme, shape)
     scale_bytes = _storage.as_bytes(q.scale)
     if layout == "cublas_blocked":
         new_bytes = _layouts.to_cublas_blocked(scale_bytes.reshape(rows, cols))
@@ -360,7 +361,7 @@ def _is_size(n) -> bool:
 
 def _check_fields(codes, scale, global_scale, scheme, shape, hp_dtype, scale_layout, linear):
     """The logical shape as a tuple, after checking every field against the others."""
-    _schemes.check_scheme(scheme)
+    extend.check_scheme(scheme)
     if not isinstance(shape, (tuple, list, torch.Size)) or not all(_is_size(n) for n in shape):
         raise ValueError(
             f"QuantizedTensor.shape must be a tuple of non-negative ints, got {shape!r}"
@@ -372,15 +373,15 @@ def _check_fields(codes, scale, global_scale, scheme, shape, hp_dtype, scale_lay
             f"QuantizedTensor.hp_dtype must be one of {tuple(_storage.HP_DTYPES)}, got {hp_dtype!r}"
         )
     _expect_tensor(
-        "codes", codes, _storage.CODE_DTYPES[scheme.fmt], _qtensor.codes_shape(scheme, shape)
+        "codes", codes, _storage.CODE_DTYPES[scheme.fmt], extend.codes_shape(scheme, shape)
     )
     _expect_tensor(
         "scale",
         scale,
-        _storage.SCALE_DTYPES[_schemes.scale_format(scheme)],
-        _qtensor.stored_scale_shape(scheme, shape, scale_layout),
+        _storage.SCALE_DTYPES[extend.scale_format(scheme)],
+        extend.stored_scale_shape(scheme, shape, scale_layout),
     )
-    if isinstance(scheme, _schemes.NVFP4Scaling) and scheme.global_scale:
+    if isinstance(scheme, lowp.NVFP4Scaling) and scheme.global_scale:
         _expect_tensor("global_scale", global_scale, torch.float32, ())
     elif global_scale is not None:
         raise ValueError(f"QuantizedTensor.global_scale must be None for {scheme}")

@@ -19,8 +19,8 @@ memory bandwidth.
 import numpy as np
 import torch
 
-from lowp import _formats, _schemes
-from lowp import _rounding as _lowp_rounding
+import lowp
+from lowp import extend
 from lowp_torch import (
     _bits,
     _cast_kernels,
@@ -32,10 +32,10 @@ from lowp_torch import (
     _storage,
 )
 
-_E4M3 = _formats.FLOAT8_E4M3FN
-_E2M1 = _formats.FLOAT4_E2M1FN
+_E4M3 = extend.FLOAT8_E4M3FN
+_E2M1 = extend.FLOAT4_E2M1FN
 _ONE_SIXTH = float(np.float32(1) / np.float32(6))  # RN32(1/6), exact as a Python float
-_WHOLE_TENSOR = _schemes.TensorScaling()  # the group of NVFP4's global amax
+_WHOLE_TENSOR = lowp.TensorScaling()  # the group of NVFP4's global amax
 
 
 def _hp_input(t, name: str) -> torch.Tensor:
@@ -60,7 +60,7 @@ def _hp_input(t, name: str) -> torch.Tensor:
 
 def _random_for(t, rounding, random_bits, seed, offset, name) -> torch.Tensor | None:
     """The uint32 (in int64) per element that stochastic rounding consumes, or None."""
-    source = _lowp_rounding.random_source(rounding, random_bits, seed, offset == 0, name)
+    source = extend.random_source(rounding, random_bits, seed, offset == 0, name)
     if source == "none":
         return None
     if source == "seed":
@@ -136,7 +136,7 @@ def _mx_scale_bytes(amax_bits: torch.Tensor, fmt, mode: str) -> torch.Tensor:
 
 def quantize(
     t: torch.Tensor,
-    scheme: _schemes.Scheme,
+    scheme: lowp.Scheme,
     *,
     rounding: str = "nearest",
     random_bits: torch.Tensor | None = None,
@@ -174,7 +174,7 @@ def quantize(
     >>> q.codes[0, :4].view(torch.uint8).tolist(), q.scale.view(torch.uint8).tolist()
     ([104, 242, 124, 0], [[120]])
     """
-    _schemes.check_scheme(scheme)
+    extend.check_scheme(scheme)
     if _cast_kernels.use_triton(
         t,
         scheme,
@@ -197,26 +197,26 @@ def quantize(
     absb = _bits.abs_bits(xf)
     if check_finite:
         _check_finite(absb, name)
-    fmt = _formats.element_format(scheme.fmt)
+    fmt = extend.element_format(scheme.fmt)
     amax_bits = _groups.group_max(absb, scheme)
     poisoned = amax_bits >= _bits.INF_BITS
     poisoned_elements = _groups.expand(poisoned, scheme, shape)
     amax_bits = torch.where(poisoned, 0, amax_bits)
     global_scale = None
 
-    if isinstance(scheme, (_schemes.TensorScaling, _schemes.AxisScaling, _schemes.BlockScaling)):
+    if isinstance(scheme, (lowp.TensorScaling, lowp.AxisScaling, lowp.BlockScaling)):
         m, d = _float_scales(amax_bits, fmt, scheme.pow2)
         v = _bits.ftz(xf * _groups.expand(m, scheme, shape))
         codes = _encode_elements(v, fmt, random, poisoned_elements)
         scale = _bits.from_bits(torch.where(poisoned, _bits.NAN_F32, _bits.bits(d)))
-    elif isinstance(scheme, _schemes.MXScaling):
+    elif isinstance(scheme, lowp.MXScaling):
         s = torch.where(poisoned, 0xFF, _mx_scale_bytes(amax_bits, fmt, scheme.mode))
         # 2**(127 - s) is a normal float32 for every finite-group byte s in [0, 253].
         exponent = 127 - torch.where(poisoned, 127, s)
         v = _bits.ftz(xf * _bits.pow2(_groups.expand(exponent, scheme, shape)))
         codes = _encode_elements(v, fmt, random, poisoned_elements)
         scale = _storage.as_stored(s.to(torch.uint8), torch.float8_e8m0fnu)
-    elif isinstance(scheme, _schemes.NVFP4Scaling):
+    elif isinstance(scheme, lowp.NVFP4Scaling):
         codes, scale, global_scale = _quantize_nvfp4(xf, absb, scheme, random, amax_bits, poisoned)
     else:
         raise TypeError(f"not a lowp scheme: {scheme!r}")
@@ -287,9 +287,9 @@ def _plain_scale_bytes_or_float(q: _qtensor.QuantizedTensor) -> torch.Tensor:
 def _poisoned_groups(q: _qtensor.QuantizedTensor, scale: torch.Tensor) -> torch.Tensor:
     """Boolean, plain scale shape: the groups whose stored scale is its format's NaN."""
     scheme = _qtensor.scheme_of(q)
-    if isinstance(scheme, _schemes.MXScaling):
+    if isinstance(scheme, lowp.MXScaling):
         return scale == 0xFF
-    if isinstance(scheme, _schemes.NVFP4Scaling):
+    if isinstance(scheme, lowp.NVFP4Scaling):
         bad = (scale & 0x7F) == 0x7F
         if q.global_scale is not None:
             bad = bad | _bits.is_nan_bits(_bits.bits(q.global_scale))
@@ -325,21 +325,21 @@ def dequantize(q: _qtensor.QuantizedTensor, out_dtype: torch.dtype | None = None
             f"out_dtype must be one of {tuple(_storage.HP_DTYPES)} or None, got {out_dtype!r}"
         )
     scheme, shape = _qtensor.scheme_of(q), tuple(q.shape)
-    fmt = _formats.element_format(scheme.fmt)
+    fmt = extend.element_format(scheme.fmt)
     codes = _storage.as_bytes(q.codes)
     if fmt.name == "float4_e2m1fn":
         codes = _layouts.unpack_fp4(codes)
     values = _encode.decode(codes, fmt)
     scale = _plain_scale_bytes_or_float(q)
 
-    if isinstance(scheme, (_schemes.TensorScaling, _schemes.AxisScaling, _schemes.BlockScaling)):
+    if isinstance(scheme, (lowp.TensorScaling, lowp.AxisScaling, lowp.BlockScaling)):
         # the stored scale is an input of the product: flushed (spec §0.2; lowp's rule)
         out = values * _groups.expand(_bits.ftz(scale), scheme, shape)
-    elif isinstance(scheme, _schemes.MXScaling):
+    elif isinstance(scheme, lowp.MXScaling):
         s = scale.to(torch.int32)
         exponent = torch.where(s == 0xFF, 127, s) - 127
         out = _bits.mul_pow2(values, _groups.expand(exponent, scheme, shape))
-    elif isinstance(scheme, _schemes.NVFP4Scaling):
+    elif isinstance(scheme, lowp.NVFP4Scaling):
         s_dec = 1.0 if q.global_scale is None else _bits.ftz(q.global_scale)
         p = _bits.ftz(_encode.decode(scale, _E4M3) * s_dec)
         out = values * _groups.expand(p, scheme, shape)

@@ -7,7 +7,7 @@ operations on CPU, and int64 holds every intermediate of the hash exactly.
 import numpy as np
 import torch
 
-from lowp import _formats
+import lowp
 from lowp_torch import _bits, _encode
 
 _MASK32 = 0xFFFFFFFF
@@ -60,7 +60,7 @@ def random_bits(seed: int, shape, offset: int = 0, *, device=None) -> torch.Tens
 
 
 def round_elements(
-    v: torch.Tensor, fmt: _formats.Format, random: torch.Tensor | None
+    v: torch.Tensor, fmt: lowp.Format, random: torch.Tensor | None
 ) -> torch.Tensor:
     """uint8 codes for float32 `v`, already clamped to ±fmt.max and flushed.
 

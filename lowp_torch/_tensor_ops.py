@@ -23,7 +23,8 @@ import math
 
 import torch
 
-from lowp import _qtensor, _schemes
+import lowp
+from lowp import extend
 from lowp_torch import _log, _storage
 from lowp_torch import _qtensor as _qt
 
@@ -117,9 +118,9 @@ def permute(q, dims: list[int], *, op: str):
             "where the two nibbles of a byte are neighbours",
         )
     codes, shape = q.codes.permute(dims), tuple(q.shape[d] for d in dims)
-    if isinstance(scheme, _schemes.TensorScaling):
+    if isinstance(scheme, lowp.TensorScaling):
         return _qt.replace(q, codes=codes, shape=shape)
-    if isinstance(scheme, _schemes.BlockScaling):
+    if isinstance(scheme, lowp.BlockScaling):
         if dims[-2:] == [rank - 2, rank - 1]:
             new_scheme = scheme
         elif dims[-2:] == [rank - 1, rank - 2]:
@@ -134,7 +135,7 @@ def permute(q, dims: list[int], *, op: str):
         return _qt.replace(
             q, codes=codes, scale=q.scale.permute(dims), scheme=new_scheme, shape=shape
         )
-    if isinstance(scheme, (_schemes.AxisScaling, _schemes.MXScaling, _schemes.NVFP4Scaling)):
+    if isinstance(scheme, (lowp.AxisScaling, lowp.MXScaling, lowp.NVFP4Scaling)):
         axis = dims.index(scheme.axis % rank) - rank
         new_scheme = _replace(scheme, axis=axis)
         return _qt.replace(
@@ -149,9 +150,9 @@ def reshape(q, shape, *, op: str):
     new = _infer_shape(shape, old, op)
     scheme = _qt.scheme_of(q)
     q = _qt.with_scale_layout(q, "plain")
-    if isinstance(scheme, _schemes.TensorScaling):
+    if isinstance(scheme, lowp.TensorScaling):
         new_scheme = scheme
-    elif isinstance(scheme, _schemes.BlockScaling):
+    elif isinstance(scheme, lowp.BlockScaling):
         (b0, _), rows = scheme.block, old[-2] if len(old) >= 2 else None
         ok = len(new) >= 2 and len(old) >= 2 and new[-1] == old[-1]
         ok = ok and (new[-2] == rows or (rows % b0 == 0 and new[-2] % b0 == 0))
@@ -163,7 +164,7 @@ def reshape(q, shape, *, op: str):
                 "stay whole (the last dim must stay, rows may merge in whole tiles)",
             )
         new_scheme = scheme
-    elif isinstance(scheme, (_schemes.AxisScaling, _schemes.MXScaling, _schemes.NVFP4Scaling)):
+    elif isinstance(scheme, (lowp.AxisScaling, lowp.MXScaling, lowp.NVFP4Scaling)):
         axis = _same_axis(old, scheme.axis % len(old), new)
         if axis is None:
             raise _error(
@@ -179,7 +180,7 @@ def reshape(q, shape, *, op: str):
         new_scheme.check_shape(new)
     except ValueError as e:
         raise _error(op, q, f"to {new}: {e}") from e
-    codes = q.codes.reshape(_qtensor.codes_shape(new_scheme, new))
+    codes = q.codes.reshape(extend.codes_shape(new_scheme, new))
     scale = q.scale.reshape(new_scheme.scale_shape(new))
     return _qt.replace(q, codes=codes, scale=scale, scheme=new_scheme, shape=new)
 
@@ -200,11 +201,11 @@ def slice_(q, dim=0, start=None, end=None, step=1):
             "the last dim): start and length must be even, step 1",
         )
     scale_range = (start, end, step)  # the scale rows this slice keeps along d
-    if isinstance(scheme, _schemes.TensorScaling):
+    if isinstance(scheme, lowp.TensorScaling):
         scale_range = None
-    elif isinstance(scheme, _schemes.AxisScaling):
+    elif isinstance(scheme, lowp.AxisScaling):
         scale_range = None if d == scheme.axis % rank else scale_range
-    elif isinstance(scheme, _schemes.BlockScaling):
+    elif isinstance(scheme, lowp.BlockScaling):
         block = {rank - 2: scheme.block[0], rank - 1: scheme.block[1]}.get(d, 1)
         if block > 1:
             if step != 1 or start % block:
@@ -215,7 +216,7 @@ def slice_(q, dim=0, start=None, end=None, step=1):
                     f"start must be a multiple of {block}, step 1",
                 )
             scale_range = (start // block, -(-end // block) if end > start else start // block, 1)
-    elif isinstance(scheme, (_schemes.MXScaling, _schemes.NVFP4Scaling)):
+    elif isinstance(scheme, (lowp.MXScaling, lowp.NVFP4Scaling)):
         if d == scheme.axis % rank:
             if step != 1 or start % scheme.block or (end - start) % scheme.block:
                 raise _error(
@@ -243,11 +244,11 @@ def select(q, dim: int, index: int):
     d, i = dim % rank, index % shape[dim] if shape[dim] else index
     q = _qt.with_scale_layout(q, "plain")
     grouped = {
-        _schemes.TensorScaling: (),
-        _schemes.AxisScaling: (getattr(scheme, "axis", 0) % rank,),
-        _schemes.BlockScaling: (rank - 2, rank - 1),
-        _schemes.MXScaling: (getattr(scheme, "axis", 0) % rank,),
-        _schemes.NVFP4Scaling: (getattr(scheme, "axis", 0) % rank,),
+        lowp.TensorScaling: (),
+        lowp.AxisScaling: (getattr(scheme, "axis", 0) % rank,),
+        lowp.BlockScaling: (rank - 2, rank - 1),
+        lowp.MXScaling: (getattr(scheme, "axis", 0) % rank,),
+        lowp.NVFP4Scaling: (getattr(scheme, "axis", 0) % rank,),
     }[type(scheme)]
     if d in grouped or (scheme.fmt == _FP4 and d == rank - 1):
         raise _error(
@@ -260,7 +261,7 @@ def select(q, dim: int, index: int):
     if hasattr(scheme, "axis"):
         ax = scheme.axis % rank
         new_scheme = _replace(scheme, axis=ax - (d < ax) - (rank - 1))
-    scale = q.scale if isinstance(scheme, _schemes.TensorScaling) else q.scale.select(d, i)
+    scale = q.scale if isinstance(scheme, lowp.TensorScaling) else q.scale.select(d, i)
     return _qt.replace(
         q,
         codes=q.codes.select(d, i),
@@ -293,8 +294,8 @@ def cat(tensors, dim=0):
     for q in qs[1:]:
         if _qt.scheme_of(q) != scheme or q.hp_dtype != q0.hp_dtype or q.dim() != rank:
             raise _error("cat", q, f"cannot join it to {scheme} {q0.hp_dtype} rank {rank}")
-    if isinstance(scheme, _schemes.TensorScaling) or (
-        isinstance(scheme, _schemes.AxisScaling) and d == scheme.axis % rank
+    if isinstance(scheme, lowp.TensorScaling) or (
+        isinstance(scheme, lowp.AxisScaling) and d == scheme.axis % rank
     ):
         if not all(torch.equal(q.scale, q0.scale) for q in qs):  # a host sync, once per cat
             raise _error(
@@ -304,7 +305,7 @@ def cat(tensors, dim=0):
                 "the result could hold only one",
             )
         scale = q0.scale
-    elif isinstance(scheme, _schemes.BlockScaling) and d >= rank - 2:
+    elif isinstance(scheme, lowp.BlockScaling) and d >= rank - 2:
         block = scheme.block[d - (rank - 2)]
         if any(q.shape[d] % block for q in qs[:-1]):
             raise _error(

@@ -36,7 +36,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from lowp import _recipes, _schemes, _small_shapes
+import lowp
+from lowp import extend
 from lowp_torch import _cast_kernels, _gemm, _log, _qtensor, _quantize, _tensor_ops
 
 QuantizedTensor = _qtensor.QuantizedTensor
@@ -80,11 +81,11 @@ class Lowering:
             )
 
 
-def as_recipe(recipe) -> _recipes.Recipe:
+def as_recipe(recipe) -> lowp.Recipe:
     """A `lowp.Recipe` from itself or its name; TypeError/ValueError naming anything else."""
     if isinstance(recipe, str):
-        return _recipes.Recipe.from_name(recipe)
-    if not isinstance(recipe, _recipes.Recipe):
+        return lowp.Recipe.from_name(recipe)
+    if not isinstance(recipe, lowp.Recipe):
         raise TypeError(f"expected a lowp.Recipe or a recipe name, got {recipe!r}")
     return recipe
 
@@ -176,7 +177,7 @@ def wgrad_operands(g2, x2, recipe, name="linear"):
 def keeps_codes(backward_scheme, earlier_scheme) -> bool:
     """Whether a backward GEMM takes codes already made of a tensor, transposed, instead
     of quantizing it: only under tensorwise scaling, and only with the very scheme."""
-    return isinstance(backward_scheme, _schemes.TensorScaling) and backward_scheme == earlier_scheme
+    return isinstance(backward_scheme, lowp.TensorScaling) and backward_scheme == earlier_scheme
 
 
 def _quantize_and_keep(t, scheme, later_scheme, later_runs: bool, name: str):
@@ -205,7 +206,7 @@ def _one_read(t, scheme, later_scheme, name: str) -> bool:
     MXScaling (so along t's first axis it is `quantize_both`'s second, and fp4 would
     be packed across the wrong axis), and `quantize` takes the Triton casts for t in
     both orientations (eager, CUDA or the forced interpreter, shapes that suit)."""
-    if later_scheme != scheme or not isinstance(scheme, (_schemes.AxisScaling, _schemes.MXScaling)):
+    if later_scheme != scheme or not isinstance(scheme, (lowp.AxisScaling, lowp.MXScaling)):
         return False
     along_first = _along_first_axis(later_scheme)
     return along_first is not None and all(
@@ -246,11 +247,11 @@ def _along_first_axis(scheme):
     """The scheme that groups a 2-D t as `scheme` groups t.T; None for packed fp4."""
     if scheme.fmt == "float4_e2m1fn":
         return None
-    if isinstance(scheme, _schemes.TensorScaling):
+    if isinstance(scheme, lowp.TensorScaling):
         return scheme
-    if isinstance(scheme, (_schemes.AxisScaling, _schemes.MXScaling)):
+    if isinstance(scheme, (lowp.AxisScaling, lowp.MXScaling)):
         return dataclasses.replace(scheme, axis=-2)
-    if isinstance(scheme, _schemes.BlockScaling):
+    if isinstance(scheme, lowp.BlockScaling):
         return dataclasses.replace(scheme, block=scheme.block[::-1])
     raise TypeError(f"not a lowp scheme for an fp8 GEMM operand: {scheme!r}")
 
@@ -262,7 +263,7 @@ def quantized_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    recipe: _recipes.Recipe,
+    recipe: lowp.Recipe,
     lowering: Lowering,
     main_grad: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -295,14 +296,14 @@ def in_high_precision(x, weight, recipe, lowering: Lowering) -> bool:
         return False
     n, k = weight.shape
     tokens = x.numel() // k
-    if _small_shapes.call_pays(tokens, k, n):
+    if extend.call_pays(tokens, k, n):
         return False
-    small_layer = not _small_shapes.layer_may_pay(k, n)
+    small_layer = not extend.layer_may_pay(k, n)
     _log.info_once(  # once per layer and reason, whatever M (sequence lengths vary)
         (lowering.name, "small shapes", small_layer),
         lambda: (
             f"{lowering.name}: {recipe.name} runs in high precision "
-            f"({_small_shapes.describe(tokens, k, n)}); small_shapes='quantize' forces fp8"
+            f"({extend.describe_small_shape(tokens, k, n)}); small_shapes='quantize' forces fp8"
         ),
     )
     return True
@@ -314,7 +315,7 @@ def fp8_kernels_run(recipe, device: torch.device, lowering: Lowering) -> bool:
     MX and NVFP4 on sm_100+, unless kernel="emulated"."""
     if lowering.kernel == "emulated" or device.type != "cuda":
         return False
-    block_scaled = isinstance(recipe.forward.a, (_schemes.MXScaling, _schemes.NVFP4Scaling))
+    block_scaled = isinstance(recipe.forward.a, (lowp.MXScaling, lowp.NVFP4Scaling))
     # Ints, not tuples: torch 2.11's Dynamo fails comparing the tuple that
     # assume_constant_result returns (InternalTorchDynamoError in a guard, seen on the
     # H200 with a compiled lowp_torch.Linear).

@@ -4,7 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lowp import _recipes, _small_shapes
+import lowp
+from lowp import extend
 from lowp_torch import _log, _qtensor, _training
 
 _DECISIONS_KEPT = 1024  # input shapes a layer remembers its small-shape decision for
@@ -69,7 +70,7 @@ class Linear(nn.Linear):
         device=None,
         dtype=None,
         *,
-        recipe: "_recipes.Recipe | str",
+        recipe: "lowp.Recipe | str",
         kernel: str = "auto",
         pad_to_16: bool = False,
         name: str = "linear",
@@ -79,11 +80,11 @@ class Linear(nn.Linear):
         self.recipe = _training.as_recipe(recipe)
         self.lowering = _training.Lowering(kernel, pad_to_16, name, small_shapes)
         _training.check_layer(self.recipe, in_features, out_features, self.lowering)
-        if small_shapes == "auto" and not _small_shapes.layer_may_pay(in_features, out_features):
+        if small_shapes == "auto" and not extend.layer_may_pay(in_features, out_features):
             _log.info_once(
                 f"{name} small shapes layer",
                 f"{name}: where fp8 GEMM kernels run, it trains in high precision "
-                f"({_small_shapes.describe(None, in_features, out_features)}); "
+                f"({extend.describe_small_shape(None, in_features, out_features)}); "
                 "small_shapes='quantize' forces fp8",
             )
         self._decided: dict[tuple[torch.Size, torch.device], str] = {}  # see _decide
@@ -93,7 +94,7 @@ class Linear(nn.Linear):
     def from_float(
         cls,
         linear: nn.Linear,
-        recipe: "_recipes.Recipe | str",
+        recipe: "lowp.Recipe | str",
         *,
         kernel: str = "auto",
         pad_to_16: bool = False,
@@ -215,7 +216,7 @@ class Linear(nn.Linear):
 
 def convert_to_training(
     model: nn.Module,
-    recipe: "_recipes.Recipe | str",
+    recipe: "lowp.Recipe | str",
     filter_fn=None,
     *,
     kernel: str = "auto",

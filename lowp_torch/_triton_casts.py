@@ -25,7 +25,8 @@ import math
 import torch
 import triton
 
-from lowp import _formats, _schemes
+import lowp
+from lowp import extend
 from lowp_torch import _cast_ops, _qtensor, _storage
 from lowp_torch import _triton_kernels as K
 
@@ -69,7 +70,7 @@ def quantize(t: torch.Tensor, scheme) -> _qtensor.QuantizedTensor:
     """
     x = t.detach().contiguous()
     shape = tuple(x.shape)
-    fmt = _formats.element_format(scheme.fmt)
+    fmt = extend.element_format(scheme.fmt)
     if _storage.traced(x):  # torch.compile: the same launch, as an opaque op (`_cast_ops`)
         codes, scale = torch.ops.lowp.triton_quantize(x, _cast_ops.scheme_key(scheme))
     else:
@@ -80,16 +81,16 @@ def quantize(t: torch.Tensor, scheme) -> _qtensor.QuantizedTensor:
 
 def _launch(x, shape, scheme, fmt):
     """(uint8 codes, flat scales) of `quantize`, one branch per scheme."""
-    if isinstance(scheme, _schemes.TensorScaling):
+    if isinstance(scheme, lowp.TensorScaling):
         return _tensor(x, fmt, scheme.pow2)
     outer, r, c = _grouped_view(shape, scheme.axis)
     # c == 1: each group is a contiguous run of r elements, a row (the grouped axis is
     # the last, or only size-1 dims follow it); else groups run down columns of c.
-    if isinstance(scheme, _schemes.AxisScaling):
+    if isinstance(scheme, lowp.AxisScaling):
         if c == 1:
             return _axis_rows(x, outer, r, fmt, scheme.pow2)
         return _axis_2d(x, (outer, r, c), fmt, scheme.pow2, rows=False, cols=True)[1]
-    if isinstance(scheme, _schemes.MXScaling):
+    if isinstance(scheme, lowp.MXScaling):
         if c == 1:
             return _mx_2d(x, (1, outer, r), scheme, fmt, rows=True, cols=False)[0]
         return _mx_2d(x, (outer, r, c), scheme, fmt, rows=False, cols=True)[1]
@@ -111,16 +112,16 @@ def quantize_both(t: torch.Tensor, scheme):
     and keeps the second result for the backward instead of t. Its H200 bandwidth
     against two `quantize` calls is `bench/casts.py`'s to measure.
     """
-    if t.dim() != 2 or _schemes.normalize_axis(scheme.axis, 2, scheme) != 1:
+    if t.dim() != 2 or extend.normalize_axis(scheme.axis, 2, scheme) != 1:
         raise ValueError(
             f"quantize_both takes a 2-D tensor and a scheme along its last axis; got shape "
             f"{tuple(t.shape)} and {scheme}"
         )
-    if not isinstance(scheme, (_schemes.AxisScaling, _schemes.MXScaling)):
+    if not isinstance(scheme, (lowp.AxisScaling, lowp.MXScaling)):
         raise TypeError(f"quantize_both takes AxisScaling or MXScaling, got {scheme!r}")
     x = t.detach().contiguous()
     shape = tuple(x.shape)
-    fmt = _formats.element_format(scheme.fmt)
+    fmt = extend.element_format(scheme.fmt)
     if _storage.traced(x):  # torch.compile: the same launches, as an opaque op (`_cast_ops`)
         row_codes, row_scale, col_codes, col_scale = torch.ops.lowp.triton_quantize_both(
             x, _cast_ops.scheme_key(scheme)
@@ -139,7 +140,7 @@ def quantize_both(t: torch.Tensor, scheme):
 def _launch_both(x, scheme, fmt):
     """[(row codes, row scales), (column codes (C, R), column scales)] of a 2-D x."""
     view = (1,) + tuple(x.shape)
-    if isinstance(scheme, _schemes.AxisScaling):
+    if isinstance(scheme, lowp.AxisScaling):
         return _axis_2d(x, view, fmt, scheme.pow2, rows=True, cols=True, cols_t=True)
     return _mx_2d(x, view, scheme, fmt, rows=True, cols=True, cols_t=True)
 
@@ -156,7 +157,7 @@ def _grouped_view(shape, axis) -> tuple[int, int, int]:
 def _wrap(codes, scale, scheme, shape, hp_dtype, fmt) -> _qtensor.QuantizedTensor:
     """A QuantizedTensor of uint8 codes (shape `shape`) and flat scales."""
     scale = scale.reshape(scheme.scale_shape(shape))
-    if isinstance(scheme, _schemes.MXScaling):
+    if isinstance(scheme, lowp.MXScaling):
         scale = _storage.as_stored(scale, torch.float8_e8m0fnu)
     return _qtensor.QuantizedTensor(
         codes=_storage.as_stored(codes.reshape(shape), _storage.CODE_DTYPES[fmt.name]),

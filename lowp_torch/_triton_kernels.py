@@ -39,6 +39,7 @@ tensor may have more than 2**31 elements.
 import triton
 import triton.language as tl
 
+
 # Globals a kernel reads must be tl.constexpr.
 _EXP_MASK = tl.constexpr(0x7F800000)
 _ABS_MASK = tl.constexpr(0x7FFFFFFF)
@@ -128,7 +129,7 @@ def _mx_scale(amax_bits, MODE: tl.constexpr, EMAX: tl.constexpr, MAX_MANTISSA: t
 
 @triton.jit
 def _encode_bits(v, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
-    """E_fmt of spec §2 in integer ops (`lowp._formats.encode`): finite |v| <= max."""
+    """E_fmt of spec §2 in integer ops (`lowp.encode`): finite |v| <= max."""
     b = v.to(tl.int32, bitcast=True)
     sign = (b >> 31) & 1
     e32 = (b >> 23) & 0xFF

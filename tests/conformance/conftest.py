@@ -1,9 +1,9 @@
-"""The conformance suite runs every backend of lowp._conformance.backends; a backend
+"""The conformance suite runs every backend of lowp_apps.conformance.backends; a backend
 this machine lacks (no CUDA, no torch, no jax) skips with the reason."""
 
 import pytest
 
-from lowp._conformance import backends
+from lowp_apps.conformance import backends
 
 
 @pytest.fixture

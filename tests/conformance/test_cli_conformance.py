@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from lowp import _cli
-from lowp._conformance import backends, cases
+from lowp_apps import cli
+from lowp_apps.conformance import backends, cases
 
 TINY = [c for c in cases.configurations("thin") if c.kind in ("mx", "nvfp4")][:3]
 
@@ -20,7 +20,7 @@ def tiny_plan(monkeypatch):
 
 def run(capsys, *argv):
     """(exit code, stdout, stderr) of `lowp conformance ARGV...`."""
-    code = _cli.main(["conformance", "--no-progress", *argv])
+    code = cli.main(["conformance", "--no-progress", *argv])
     out, err = capsys.readouterr()
     return code, out, err
 

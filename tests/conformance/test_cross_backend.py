@@ -1,6 +1,6 @@
 """Every backend against the NumPy reference, byte for byte, on the same cases.
 
-The cases are lowp._conformance.cases' plans: every scheme x element format x rank 1-4
+The cases are lowp_apps.conformance.cases' plans: every scheme x element format x rank 1-4
 x edge case of spec §6 (zeros, NaN/Inf placement, ties, powers of two, subnormals,
 huge and tiny maxima, partial block tiles, empty tensors), float32 / bfloat16 /
 float16 inputs, nearest and seeded stochastic rounding. Every backend runs the quick
@@ -16,7 +16,7 @@ recipe GEMM against the float64 product of the reference's dequantized operands.
 import numpy as np
 import pytest
 
-from lowp._conformance import backends, cases, gemm, run
+from lowp_apps.conformance import backends, cases, gemm, run
 
 # The plan each backend runs in the fast tier, and the larger one the slow tier adds:
 # eager torch pays nothing per configuration, JAX on CPU compiles each (seconds), and

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lowp
-from lowp._conformance import backends, cases, run
+from lowp_apps.conformance import backends, cases, run
 
 SCHEMES = [
     lowp.TensorScaling("float8_e4m3fn"),

@@ -21,7 +21,7 @@ import pytest
 
 import lowp
 from lowp import _bits, _formats, _quantize
-from lowp._conformance import cases, run
+from lowp_apps.conformance import cases, run
 
 MX_RCEIL = cases.Configuration(
     lowp.MXScaling("float8_e4m3fn", block=8, mode="rceil"), cases.SHAPES[2]

@@ -9,7 +9,7 @@ Runs, on jax's default device:
   2. 1M random float32 inputs per scheme (default block sizes) with magnitudes over the
      whole float32 range, many groups each, so the scale divisions see every exponent;
      plus stochastic rounding on a few of them;
-  3. the cross-backend suite's quick plan (lowp._conformance): every scheme x format x
+  3. the cross-backend suite's quick plan (lowp_apps.conformance): every scheme x format x
      rank 1-4 on the spec §6 edge cases, bfloat16/float16 inputs, stochastic rounding,
      empty tensors, every output dtype and the cuBLAS layout in part.
 Writes DIR/jax_gpu_conformance.json (after each part, so a run cut short still reports)
@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import jax_cases as C
 
 import lowp
-from lowp._conformance import backends, cases, run
+from lowp_apps.conformance import backends, cases, run
 from lowp_jax import _exact
 
 RANDOM_SHAPE = (8192, 128)  # 1M elements; 8192 rows of 128
@@ -66,7 +66,7 @@ def random_input(rng, shape=RANDOM_SHAPE) -> np.ndarray:
 
 
 def _check(backend, config, x, label, failures) -> list[str]:
-    """lowp._conformance's byte comparison of one case; a failure is described in `failures`."""
+    """lowp_apps.conformance's byte comparison of one case; a failure is described in `failures`."""
     problems = run.check(backend, config, x)
     if problems:
         failures.append(f"[{label}] {config.id}:\n  " + "\n  ".join(problems))

@@ -1,7 +1,7 @@
 """Samples for lowp_jax's exact arithmetic (the divide and the narrow multiply of
 `lowp_jax._exact`), shared by test_jax_exact.py (CPU, pytest) and gpu_conformance.py
 (whatever device jax sees). The quantize/dequantize cases and their byte comparison
-live in lowp._conformance, shared with every other backend.
+live in lowp_apps.conformance, shared with every other backend.
 """
 
 import numpy as np

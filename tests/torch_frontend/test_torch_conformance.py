@@ -2,7 +2,7 @@
 
 The grid (every scheme x element format x rank 1-4 x spec §6 edge case x input dtype
 x rounding, empty tensors, the cuBLAS layout, every output dtype) runs on torch_cpu
-and torch_cuda_eager/compiled in tests/conformance/ through lowp._conformance. Here:
+and torch_cuda_eager/compiled in tests/conformance/ through lowp_apps.conformance. Here:
 torch.compile on the CPU (one graph per scheme kind, static shapes, each fed every
 edge case), the encoder over a dense sweep of float32 patterns, explicit random bits,
 non-contiguous inputs, conversions, and validation errors mirroring lowp's. On a
@@ -23,7 +23,7 @@ import torch
 
 import lowp
 import lowp_torch
-from lowp._conformance import backends, cases, compare, run
+from lowp_apps.conformance import backends, cases, compare, run
 from lowp_torch import _encode
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

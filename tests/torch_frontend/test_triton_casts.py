@@ -6,7 +6,7 @@ Three tiers:
   interpreter, in a subprocess started with TRITON_INTERPRET=1 (triton reads it when a
   kernel is defined, so it cannot be switched on inside this process, and other tests
   must keep compiling normally). Every supported scheme x element format, axis and MX
-  mode, float32 with every edge case of lowp._conformance (spec §6: NaN, Inf, zeros,
+  mode, float32 with every edge case of lowp_apps.conformance (spec §6: NaN, Inf, zeros,
   ties, above max, powers of two, subnormals, huge, tiny) and bfloat16/float16 on a
   rotation, empty shapes, both orientations (`quantize_both`), and a second run with
   tiny tiles on odd shapes so that partial tiles, several chunks per row and several
@@ -38,7 +38,7 @@ import torch
 
 import lowp
 import lowp_torch
-from lowp._conformance import cases, compare
+from lowp_apps.conformance import cases, compare
 from lowp_torch import _cast_kernels
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -66,7 +66,7 @@ SMALL_TILE_EDGES = ("random", "nonfinite_groups", "random_exponents")
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One configuration of lowp._conformance, and how the Triton path runs it.
+    """One configuration of lowp_apps.conformance, and how the Triton path runs it.
 
     variant: "quantize" (through `lowp_torch.quantize` under cast_kernels("triton")),
     "small_tiles" (the same with SMALL_TILES), "both" (`quantize_both`, compared

@@ -1,12 +1,12 @@
 """all-MiniLM-L6-v2 as a flax nnx BERT encoder: the JAX twin of
-`lowp_torch.models.minilm`, for lowp's examples and demo.
+`lowp_apps.models.torch_minilm`, for lowp's examples and demo.
 
 Every projection is an `nnx.Linear` (kernel (in, out): the checkpoint's torch (out, in)
 weights transposed), and the module tree mirrors the checkpoint's names, so the state
 path `encoder/layer/0/attention/self/query/kernel` is the tensor
 `encoder.layer.0.attention.self.query.weight` (`kernel_name` maps one to the other).
-Files, tokenizer and the float64 reference come from `lowp._minilm`; this module is
-tested against `lowp._minilm.embed_numpy`.
+Files, tokenizer and the float64 reference come from `lowp_apps.minilm`; this module is
+tested against `lowp_apps.minilm.embed_numpy`.
 
 >>> model = MiniLM.from_pretrained()                                     # doctest: +SKIP
 >>> e = model.embed(["A man plays a guitar.", "A person is playing guitar."])  # doctest: +SKIP
@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lowp import _minilm
-from lowp._minilm import MiniLMConfig, Tokenizer
+from lowp_apps import minilm
+from lowp_apps.minilm import MiniLMConfig, Tokenizer
 
 # The checkpoint name suffix of each nnx parameter kind (Linear, LayerNorm, Embed).
 _LEAF_NAMES = {"kernel": "weight", "bias": "bias", "scale": "weight", "embedding": "weight"}
@@ -116,7 +116,7 @@ class MiniLM(nnx.Module):
 
     Args:
       config: the architecture (default: MiniLMConfig(), all-MiniLM-L6-v2's);
-        `lowp._minilm.load_config()` reads a checkpoint's.
+        `lowp_apps.minilm.load_config()` reads a checkpoint's.
       tokenizer: used by `embed`; default `Tokenizer.from_pretrained()`.
       dtype: the compute dtype (None: that of the parameters), as in nnx.Linear.
       param_dtype: the parameters' storage dtype.
@@ -147,14 +147,14 @@ class MiniLM(nnx.Module):
         Raises:
           ValueError: a checkpoint tensor is missing, has the wrong shape, or is left over.
         """
-        config = _minilm.load_config(path)
+        config = minilm.load_config(path)
         tokenizer = Tokenizer.from_pretrained(path)
         # Build the tree without initializing it, then fill every leaf from the checkpoint.
         abstract = nnx.eval_shape(
             lambda: cls(config, tokenizer, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0))
         )
         graphdef, state = nnx.split(abstract)
-        weights = _minilm.load_weights(path)
+        weights = minilm.load_weights(path)
         leaves, used = [], set()
         for leaf_path, variable in nnx.to_flat_state(state):
             name = kernel_name(leaf_path)

@@ -28,10 +28,11 @@ import zlib
 import ml_dtypes
 import numpy as np
 
-from lowp import _formats, _groups, _schemes
+import lowp
+from lowp import extend
 
-ELEMENTS = tuple(_formats.ELEMENT_FORMATS)
-MX_MODES = _schemes.MX_MODES
+ELEMENTS = tuple(lowp.ELEMENT_FORMATS)
+MX_MODES = extend.MX_MODES
 SHAPES = {1: (64,), 2: (6, 32), 3: (2, 3, 32), 4: (2, 2, 2, 32)}
 # One zero-sized dim in a different place per rank; every scheme of that rank admits it.
 EMPTY_SHAPES = {1: (0,), 2: (6, 0), 3: (2, 0, 32), 4: (2, 2, 0, 32)}
@@ -69,22 +70,22 @@ def schemes_for_rank(rank: int) -> list:
     every MX mode, MX along axis 0, and the NVFP4 variants."""
     out = []
     for fmt in ELEMENTS:
-        out += [_schemes.TensorScaling(fmt), _schemes.TensorScaling(fmt, pow2=True)]
-        out += [_schemes.AxisScaling(fmt, axis=-1), _schemes.AxisScaling(fmt, axis=0, pow2=True)]
+        out += [lowp.TensorScaling(fmt), lowp.TensorScaling(fmt, pow2=True)]
+        out += [lowp.AxisScaling(fmt, axis=-1), lowp.AxisScaling(fmt, axis=0, pow2=True)]
         if rank >= 2:
             out += [
-                _schemes.BlockScaling(fmt, block=(2, 4)),
-                _schemes.BlockScaling(fmt, block=(3, 5), pow2=True),
+                lowp.BlockScaling(fmt, block=(2, 4)),
+                lowp.BlockScaling(fmt, block=(3, 5), pow2=True),
             ]
-        out += [_schemes.MXScaling(fmt, block=8, mode=mode) for mode in MX_MODES]
+        out += [lowp.MXScaling(fmt, block=8, mode=mode) for mode in MX_MODES]
         if fmt != "float4_e2m1fn" and rank >= 2:
-            out.append(_schemes.MXScaling(fmt, block=2, mode="rceil", axis=0))
+            out.append(lowp.MXScaling(fmt, block=2, mode="rceil", axis=0))
     out += [
-        _schemes.MXScaling(),
-        _schemes.NVFP4Scaling(),
-        _schemes.NVFP4Scaling(global_scale=False),
+        lowp.MXScaling(),
+        lowp.NVFP4Scaling(),
+        lowp.NVFP4Scaling(global_scale=False),
     ]
-    out.append(_schemes.NVFP4Scaling(block=8))
+    out.append(lowp.NVFP4Scaling(block=8))
     return out
 
 
@@ -117,7 +118,7 @@ class Configuration:
         own bytes loaded into the backend.
     """
 
-    scheme: _schemes.Scheme
+    scheme: lowp.Scheme
     shape: tuple[int, ...]
     hp_dtype: str = "float32"
     rounding: str = "nearest"
@@ -179,16 +180,16 @@ def _thin() -> list[Configuration]:
     for i, fmt in enumerate(ELEMENTS):
         odd = bool(i % 2)
         schemes += [
-            _schemes.TensorScaling(fmt, pow2=odd),
-            _schemes.AxisScaling(fmt, axis=-1 if odd else 0, pow2=not odd),
-            _schemes.BlockScaling(fmt, block=(3, 5) if odd else (2, 4), pow2=odd),
+            lowp.TensorScaling(fmt, pow2=odd),
+            lowp.AxisScaling(fmt, axis=-1 if odd else 0, pow2=not odd),
+            lowp.BlockScaling(fmt, block=(3, 5) if odd else (2, 4), pow2=odd),
         ]
-        schemes += [_schemes.MXScaling(fmt, block=8, mode=mode) for mode in MX_MODES]
-    schemes.append(_schemes.MXScaling("float8_e5m2", block=2, mode="rceil", axis=0))
-    schemes += [_schemes.NVFP4Scaling(), _schemes.NVFP4Scaling(global_scale=False, block=8)]
+        schemes += [lowp.MXScaling(fmt, block=8, mode=mode) for mode in MX_MODES]
+    schemes.append(lowp.MXScaling("float8_e5m2", block=2, mode="rceil", axis=0))
+    schemes += [lowp.NVFP4Scaling(), lowp.NVFP4Scaling(global_scale=False, block=8)]
     out = []
     for i, scheme in enumerate(schemes):
-        needs_rank2 = isinstance(scheme, _schemes.BlockScaling) or getattr(scheme, "axis", -1) == 0
+        needs_rank2 = isinstance(scheme, lowp.BlockScaling) or getattr(scheme, "axis", -1) == 0
         rank = 1 if i % 4 == 0 and not needs_rank2 else 2 + i % 3
         hp_dtype, rounding = INPUTS[i % len(INPUTS)]
         out.append(Configuration(scheme, SHAPES[rank], hp_dtype, rounding, extras=i % 5 == 0))
@@ -235,7 +236,7 @@ def group_ids(shape, scheme) -> np.ndarray:
     shape = tuple(shape)
     scale_shape = scheme.scale_shape(shape)
     ids = np.arange(math.prod(scale_shape), dtype=np.int64).reshape(scale_shape)
-    return np.ascontiguousarray(np.broadcast_to(_groups.expand(ids, scheme, shape), shape))
+    return np.ascontiguousarray(np.broadcast_to(extend.expand_groups(ids, scheme, shape), shape))
 
 
 def _leaders(ids: np.ndarray) -> np.ndarray:
@@ -279,7 +280,7 @@ def make_input(case: str, shape, scheme, variant: int = 0) -> np.ndarray:
     shape = tuple(shape)
     rng = _rng(case, shape, scheme, variant)
     n = math.prod(shape)
-    fmt = _formats.ELEMENT_FORMATS[scheme.fmt]
+    fmt = lowp.ELEMENT_FORMATS[scheme.fmt]
     if case == "random":
         return _random(shape, rng)
     if case == "zeros":

@@ -16,7 +16,7 @@ For every float tensor and every scheme, `inspect_tensor` quantizes with the ref
              dequantize a copy of the QTensor whose codes all are the max code. Reported as
              log2 over the groups with a positive finite scale.
 
-Printing lives in `lowp._cli`.
+Printing lives in `lowp_apps.cli`.
 """
 
 import dataclasses
@@ -26,22 +26,24 @@ import pathlib
 import ml_dtypes
 import numpy as np
 
-from lowp import _formats, _interchange, _layouts, _minilm, _quantize, _recipes, _schemes
+import lowp
+from lowp import extend
+from lowp_apps import minilm
 
 HP_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
 
 
-def preset_schemes(names: list[str] | None = None) -> dict[str, _schemes.Scheme]:
+def preset_schemes(names: list[str] | None = None) -> dict[str, lowp.Scheme]:
     """The weight scheme of each named inference preset, keyed by preset name.
 
     `names=None`: every preset, keeping the first of presets sharing a weight scheme
     (float8_weight_only weighs like float8_rowwise). Explicit names are kept as given,
     duplicates dropped. An unknown name raises ValueError naming it.
     """
-    chosen = _recipes.InferenceConfig.names() if names is None else names
-    out: dict[str, _schemes.Scheme] = {}
+    chosen = lowp.InferenceConfig.names() if names is None else names
+    out: dict[str, lowp.Scheme] = {}
     for name in chosen:
-        weight = _recipes.InferenceConfig.from_name(name).weight
+        weight = lowp.InferenceConfig.from_name(name).weight
         if name in out or (names is None and weight in out.values()):
             continue
         out[name] = weight
@@ -49,10 +51,10 @@ def preset_schemes(names: list[str] | None = None) -> dict[str, _schemes.Scheme]
 
 
 def default_model_path() -> pathlib.Path | None:
-    """model.safetensors of all-MiniLM-L6-v2 (`_minilm.model_dir`: $LOWP_MINILM_DIR or the
+    """model.safetensors of all-MiniLM-L6-v2 (`minilm.model_dir`: $LOWP_MINILM_DIR or the
     package), or None if neither has it."""
     try:
-        return _minilm.model_dir() / "model.safetensors"
+        return minilm.model_dir() / "model.safetensors"
     except FileNotFoundError:
         return None
 
@@ -100,7 +102,7 @@ class Summary:
     applies to; median and worst SQNR leave out NaN (fully poisoned tensors)."""
 
     name: str
-    scheme: _schemes.Scheme
+    scheme: lowp.Scheme
     tensors: int
     not_applicable: int
     elements: int
@@ -121,22 +123,22 @@ class Inspection:
     summaries: list[Summary]
 
 
-def saturation_threshold(fmt: _formats.Format) -> tuple[float, bool]:
+def saturation_threshold(fmt: lowp.Format) -> tuple[float, bool]:
     """(max + ulp_top/2, whether that midpoint itself rounds up under ties-to-even)."""
     ulp_top = 2.0 ** (fmt.emax - fmt.mbits)
     max_is_odd = bool((fmt.max_mantissa >> (23 - fmt.mbits)) & 1)
     return fmt.max + ulp_top / 2, max_is_odd
 
 
-def _max_codes(codes: np.ndarray, fmt: _formats.Format) -> np.ndarray:
+def _max_codes(codes: np.ndarray, fmt: lowp.Format) -> np.ndarray:
     """An array shaped like the stored `codes` whose every element is the max code."""
     code = np.uint8(fmt.max_code)
     if fmt.name == "float4_e2m1fn":
-        code = _layouts.pack_fp4(np.array([code, code], dtype=np.uint8))[0]
+        code = lowp.pack_fp4(np.array([code, code], dtype=np.uint8))[0]
     return np.full(codes.shape, code, dtype=np.uint8)
 
 
-def inspect_tensor(name: str, x: np.ndarray, label: str, scheme: _schemes.Scheme) -> Row:
+def inspect_tensor(name: str, x: np.ndarray, label: str, scheme: lowp.Scheme) -> Row:
     """Quantize `x` with `scheme` and measure it (see the module docstring).
 
     `x` must be float32, bfloat16 or float16. A scheme that cannot apply to `x`'s shape
@@ -151,16 +153,16 @@ def inspect_tensor(name: str, x: np.ndarray, label: str, scheme: _schemes.Scheme
         "elements": x.size,
     }
     try:
-        q = _quantize.quantize(x, scheme, name=name)
+        q = lowp.quantize(x, scheme, name=name)
     except ValueError as err:
         return Row(**common, not_applicable=str(err))
-    fmt = _formats.element_format(scheme.fmt)
+    fmt = extend.element_format(scheme.fmt)
     xf = x.astype(np.float32, copy=False).reshape(-1)
-    y = _quantize.dequantize(q, "float32").reshape(-1)
-    group_max = _quantize.dequantize(
+    y = lowp.dequantize(q, "float32").reshape(-1)
+    group_max = lowp.dequantize(
         dataclasses.replace(q, codes=_max_codes(q.codes, fmt)), "float32"
     ).reshape(-1)
-    poisoned = int(_quantize.poisoned_groups(q).sum())
+    poisoned = int(extend.poisoned_groups(q).sum())
 
     valid = None if poisoned == 0 else ~np.isnan(group_max)
     if valid is not None:  # poisoned groups stay out of the norms (and the scale range)
@@ -224,7 +226,7 @@ def skip_reason(x: np.ndarray) -> str | None:
     return f"dtype {x.dtype} is not float32, bfloat16 or float16 (cast it first)"
 
 
-def summarize(label: str, scheme: _schemes.Scheme, rows: list[Row]) -> Summary:
+def summarize(label: str, scheme: lowp.Scheme, rows: list[Row]) -> Summary:
     applied = [r for r in rows if r.scheme == label and r.not_applicable is None]
     na = sum(1 for r in rows if r.scheme == label and r.not_applicable is not None)
     measured = [r for r in applied if not math.isnan(r.sqnr_db)]
@@ -278,5 +280,5 @@ def inspect_arrays(
 def inspect_file(path, schemes: dict, progress=None) -> Inspection:
     """`inspect_arrays` over the tensors of a .safetensors or .npz file."""
     return inspect_arrays(
-        _interchange.read_arrays(path), schemes, path=str(path), progress=progress
+        lowp.read_arrays(path), schemes, path=str(path), progress=progress
     )

@@ -3,7 +3,7 @@ quantized with a preset, embedding the built-in sentences, and written to / read
 lowp's interchange file.
 
 Each half hands back plain NumPy: quantized weights as `lowp.QTensor`s under the
-checkpoint's tensor names, embeddings as float64 arrays, so `lowp._demo` compares the
+checkpoint's tensor names, embeddings as float64 arrays, so `lowp_apps.demo` compares the
 two frameworks without touching either. lowp's core imports no frontend, so torch, jax
 and flax are imported here only inside the methods (the CLI loads this module after
 checking they are installed).
@@ -13,20 +13,21 @@ import contextlib
 
 import numpy as np
 
-from lowp import _minilm, _qtensor
+import lowp
+from lowp_apps import minilm
 
-SENTENCES = list(_minilm.SENTENCES)
+SENTENCES = list(minilm.SENTENCES)
 
 
 class TorchMiniLM:
-    """`lowp_torch.models.minilm.MiniLM` on `device` ("cpu" or "cuda")."""
+    """`lowp_apps.models.torch_minilm.MiniLM` on `device` ("cpu" or "cuda")."""
 
     name = "PyTorch"
 
     def __init__(self, device: str):
         import torch
 
-        from lowp_torch.models.minilm import MiniLM
+        from lowp_apps.models.torch_minilm import MiniLM
 
         self.device = device
         self.version = torch.__version__
@@ -48,7 +49,7 @@ class TorchMiniLM:
         model = self.base if model is None else model
         return model.embed(SENTENCES).numpy(force=True).astype(np.float64)
 
-    def weights(self, model) -> dict[str, _qtensor.QTensor]:
+    def weights(self, model) -> dict[str, lowp.QTensor]:
         """The quantized linear weights by checkpoint name, as NumPy QTensors (a copy)."""
         import lowp_torch
 
@@ -65,7 +66,7 @@ class TorchMiniLM:
 
 
 class JaxMiniLM:
-    """`lowp_jax.models.minilm.MiniLM` (flax nnx) with its arrays on `device`.
+    """`lowp_apps.models.jax_minilm.MiniLM` (flax nnx) with its arrays on `device`.
 
     The forward runs eagerly: quantize and dequantize are compiled once per shape, but
     compiling each quantized model whole costs 5-30 s per preset on a CPU, more than
@@ -77,7 +78,7 @@ class JaxMiniLM:
     def __init__(self, device):
         import jax
 
-        from lowp_jax.models import minilm
+        from lowp_apps.models import jax_minilm
 
         self.device = device
         self.version = jax.__version__
@@ -85,7 +86,7 @@ class JaxMiniLM:
             "cpu" if device.platform == "cpu" else f"{device.platform} ({device.device_kind})"
         )
         with jax.default_device(device):
-            self.base = minilm.MiniLM.from_pretrained()
+            self.base = jax_minilm.MiniLM.from_pretrained()
             ids, mask = self.base.tokenizer(SENTENCES)
             self._ids, self._mask = jax.numpy.asarray(ids, jax.numpy.int32), jax.numpy.asarray(mask)
         self.reference = self.embed()  # the unquantized model's, for every preset
@@ -107,15 +108,15 @@ class JaxMiniLM:
         """Unit-norm embeddings of SENTENCES, (24, 384) float64; default the float model."""
         import jax
 
-        from lowp_jax.models import minilm
+        from lowp_apps.models import jax_minilm
 
         model = self.base if model is None else model
         with jax.default_device(self.device):
             hidden = model(self._ids, self._mask)
-            embeddings = minilm.mean_pool_normalize(hidden, self._mask)
+            embeddings = jax_minilm.mean_pool_normalize(hidden, self._mask)
         return np.asarray(jax.device_get(embeddings), np.float64)
 
-    def weights(self, model) -> dict[str, _qtensor.QTensor]:
+    def weights(self, model) -> dict[str, lowp.QTensor]:
         """The quantized kernels by checkpoint name, as NumPy QTensors (out, in)."""
         import lowp_jax
 
@@ -129,10 +130,10 @@ class JaxMiniLM:
         """Every parameter by checkpoint name: QArray kernels, jax arrays otherwise."""
         from flax import nnx
 
-        from lowp_jax.models import minilm
+        from lowp_apps.models import jax_minilm
 
         return {
-            minilm.kernel_name(path): variable.get_value()
+            jax_minilm.kernel_name(path): variable.get_value()
             for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param))
         }
 
@@ -144,11 +145,11 @@ class JaxMiniLM:
         from flax import nnx
 
         import lowp_jax
-        from lowp_jax.models import minilm
+        from lowp_apps.models import jax_minilm
 
         graphdef, state = nnx.split(like)
         with jax.default_device(self.device):
-            loaded = lowp_jax.load_quantized(path, state, names=minilm.kernel_name)
+            loaded = lowp_jax.load_quantized(path, state, names=jax_minilm.kernel_name)
         return nnx.merge(graphdef, loaded)
 
 

@@ -6,7 +6,7 @@ import math
 import sys
 import textwrap
 
-from lowp import _minilm
+from lowp_apps import minilm
 
 # Ticks for a terminal that can print them; plain words for one that cannot (a Windows
 # console in cp1252, a pipe opened as ASCII).
@@ -82,7 +82,7 @@ def _weights_section(result, mark) -> list[str]:
 
 def _fidelity_section(result, mark) -> list[str]:
     torch_fw, jax_fw = result.frameworks
-    pairs = len(_minilm.SENTENCE_PAIRS)
+    pairs = len(minilm.SENTENCE_PAIRS)
     intro = [
         f"2. Embedding fidelity against the unquantized model over {result.sentences} sentences:",
         f"   cosine, and whether all {pairs} pairs keep every paraphrase above every unrelated pair",
@@ -305,7 +305,7 @@ def _draw_pairs(ax, result) -> None:
     high and unrelated pairs low, i.e. the ranking kept."""
     first = next(iter(result.frameworks))
     reference = result.unquantized[first].pair_cosines
-    paraphrase = [p.paraphrase for p in _minilm.SENTENCE_PAIRS]
+    paraphrase = [p.paraphrase for p in minilm.SENTENCE_PAIRS]
     markers = "osD^v<>"
     for i, p in enumerate(result.presets):
         ys = p.fidelity[first].pair_cosines

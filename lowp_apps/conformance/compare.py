@@ -11,8 +11,8 @@ import dataclasses
 
 import numpy as np
 
-from lowp import _qtensor
-from lowp._conformance import cases
+import lowp
+from lowp_apps.conformance import cases
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -32,16 +32,16 @@ class Outputs:
         torch ops beside the Triton casts), each checked as `got` is.
     """
 
-    quantized: _qtensor.QTensor
+    quantized: lowp.QTensor
     dequantized: dict
-    blocked: _qtensor.QTensor | None = None
+    blocked: lowp.QTensor | None = None
     blocked_dequantized: np.ndarray | None = None
-    unblocked: _qtensor.QTensor | None = None
+    unblocked: lowp.QTensor | None = None
     imported: np.ndarray | None = None
     alternates: dict = dataclasses.field(default_factory=dict)
 
 
-def differences(x: np.ndarray, ref: _qtensor.QTensor, got: Outputs) -> list[str]:
+def differences(x: np.ndarray, ref: lowp.QTensor, got: Outputs) -> list[str]:
     """Every way `got` differs from the reference `ref` for input `x`: [] when identical."""
     mine = got.quantized
     problems = []
@@ -103,7 +103,7 @@ def differences(x: np.ndarray, ref: _qtensor.QTensor, got: Outputs) -> list[str]
     return [p for p in problems if p]
 
 
-def reference_dequantized(ref: _qtensor.QTensor, out_dtype: str) -> np.ndarray:
+def reference_dequantized(ref: lowp.QTensor, out_dtype: str) -> np.ndarray:
     # A code times its scale may round past FLT_MAX to Inf (a group max near FLT_MAX
     # whose scale rounded up), as spec §3 says; NumPy then warns, which the project's
     # filterwarnings turns into an error. The value is right.

@@ -23,15 +23,15 @@ import importlib.util
 import ml_dtypes
 import numpy as np
 
-from lowp import _qtensor, _quantize, _schemes
-from lowp._conformance import cases, compare, gemm
+import lowp
+from lowp_apps.conformance import cases, compare, gemm
 
 NAMES = ("numpy", "torch_cpu", "torch_cuda_eager", "torch_cuda_compiled", "jax_cpu", "jax_gpu")
 
 
 def blockable(scheme, shape) -> bool:
     """Whether the cuBLAS scale layout applies (MX / NVFP4 along the last axis)."""
-    if not isinstance(scheme, (_schemes.MXScaling, _schemes.NVFP4Scaling)) or not shape:
+    if not isinstance(scheme, (lowp.MXScaling, lowp.NVFP4Scaling)) or not shape:
         return False
     return scheme.axis % len(shape) == len(shape) - 1
 
@@ -49,12 +49,12 @@ class NumpyBackend:
         return f"numpy {np.__version__}"
 
     def run(
-        self, config: cases.Configuration, x: np.ndarray, ref: _qtensor.QTensor
+        self, config: cases.Configuration, x: np.ndarray, ref: lowp.QTensor
     ) -> compare.Outputs:
         view = np.flip(np.ascontiguousarray(np.flip(x, -1)), -1) if x.ndim else x
-        q = _quantize.quantize(view, config.scheme, **config.rounding_kwargs())
+        q = lowp.quantize(view, config.scheme, **config.rounding_kwargs())
         with np.errstate(over="ignore"):  # see compare.reference_dequantized
-            dequantized = {d: _quantize.dequantize(q, d) for d in config.out_dtypes}
+            dequantized = {d: lowp.dequantize(q, d) for d in config.out_dtypes}
         return compare.Outputs(q, dequantized)
 
     def gemm_paths(self, case, a, b) -> list:

@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
-from lowp import _quantize
-from lowp._conformance import cases, compare
+import lowp
+from lowp_apps.conformance import cases, compare
 
 MAX_RECORDED = 50  # mismatches kept in full per backend; all are counted
 
@@ -26,12 +26,12 @@ def check(backend, config: cases.Configuration, x: np.ndarray) -> list[str]:
       x: the input, shaped config.shape, of dtype config.hp_dtype (a NumPy array).
 
     >>> import lowp
-    >>> from lowp._conformance import backends, cases
+    >>> from lowp_apps.conformance import backends, cases
     >>> config = cases.Configuration(lowp.MXScaling(block=8, mode="rceil"), (2, 16))
     >>> check(backends.get("numpy"), config, cases.make_input("ties", (2, 16), config.scheme))
     []
     """
-    ref = _quantize.quantize(x, config.scheme, **config.rounding_kwargs())
+    ref = lowp.quantize(x, config.scheme, **config.rounding_kwargs())
     return compare.differences(x, ref, backend.run(config, x, ref))
 
 

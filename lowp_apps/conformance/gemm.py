@@ -22,7 +22,7 @@ import zlib
 import ml_dtypes
 import numpy as np
 
-from lowp import _quantize, _recipes, _schemes
+import lowp
 
 SQNR_DB = 40.0
 M, K, N = 64, 256, 128  # K divides every preset's blocks; M, N, K fit every kernel's alignment
@@ -41,8 +41,8 @@ class GemmCase:
     """
 
     names: tuple[str, ...]
-    a: _schemes.Scheme | None
-    b: _schemes.Scheme
+    a: lowp.Scheme | None
+    b: lowp.Scheme
     a_shape: tuple[int, int]
     b_shape: tuple[int, int]
     fast_accum: bool
@@ -62,11 +62,11 @@ def gemm_cases() -> list[GemmCase]:
         names, fast = found.get(key, ((), False))
         found[key] = (names + (name,), fast or fast_accum)
 
-    for preset in _recipes.InferenceConfig.names():
-        config = _recipes.InferenceConfig.from_name(preset)
+    for preset in lowp.InferenceConfig.names():
+        config = lowp.InferenceConfig.from_name(preset)
         add(f"preset:{preset}", config.activation, config.weight, "forward", True)
-    for recipe_name in _recipes.Recipe.names():
-        recipe = _recipes.Recipe.from_name(recipe_name)
+    for recipe_name in lowp.Recipe.names():
+        recipe = lowp.Recipe.from_name(recipe_name)
         for role in shapes:
             spec = getattr(recipe, role)
             if not spec.high_precision:
@@ -93,7 +93,7 @@ def exact_operands(case: GemmCase, a: np.ndarray, b: np.ndarray) -> tuple[np.nda
     def values(x, scheme):
         if scheme is None:
             return x.astype(np.float64)
-        return _quantize.dequantize(_quantize.quantize(x, scheme), "float32").astype(np.float64)
+        return lowp.dequantize(lowp.quantize(x, scheme), "float32").astype(np.float64)
 
     return values(a, case.a), values(b, case.b)
 

@@ -11,7 +11,7 @@ import platform
 
 import numpy as np
 
-from lowp._conformance import cases, run
+from lowp_apps.conformance import cases, run
 
 MARKS = {"pass": "✓", "fail": "✗"}
 ASCII_MARKS = {"pass": "ok", "fail": "FAIL"}

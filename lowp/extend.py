@@ -1,0 +1,93 @@
+"""The backend interface: what a frontend may use of the core beyond `lowp`'s public names.
+
+`lowp_torch`, `lowp_jax` and the applications (`lowp_apps`) import `lowp` and this
+module, nothing else of the core (tests/test_layers.py walks their sources to hold them to
+it). The public names (`lowp.quantize`, the scheme classes, `lowp.Recipe`, ...) are for
+users; these are for code that implements lowp's numerics on another array library and
+must agree with the reference on every rule that is not an array operation: which
+elements a scheme groups, what shape its stored arrays have, what a stored scale means,
+when a training GEMM pays for its casts.
+
+Formats
+  FLOAT8_E4M3FN, FLOAT4_E2M1FN   the element formats a frontend names in its arithmetic.
+  element_format(name)           the Format of an element format; ValueError naming it.
+
+Schemes
+  SCHEME_TYPES                   the scheme classes (isinstance checks, pickling allowlists).
+  check_scheme(scheme)           TypeError naming anything that is not a scheme.
+  normalize_axis(axis, rank, scheme)
+                                 a scheme's axis as an index into a shape; ValueError naming it.
+  scale_format(scheme)           "float32", "float8_e8m0fnu" or "float8_e4m3fn".
+  MX_MODES                       the MX scale-exponent rules.
+  from_spec(text)                a scheme from its command-line text (`mx:fmt=...:mode=rceil`).
+  expand_groups(g, scheme, shape)
+                                 a scale-shaped NumPy array broadcast over the elements.
+
+Stored arrays (spec §5)
+  HP_DTYPES                      the high-precision dtypes a quantized tensor comes from.
+  check_layout(owner, scheme, shape, hp_dtype, scale_layout) -> StoredLayout
+                                 validate a quantized tensor's metadata; the shapes and
+                                 scale format its arrays must have.
+  codes_shape, stored_scale_shape, blocked_matrix_shape, cublas_blocked_shape
+                                 the pieces of that answer, for a frontend's own checks.
+  poisoned_groups(q)             which groups of a QTensor a NaN/Inf poisoned (spec §6).
+
+Arithmetic constants and rules
+  EPS                            the floor on amax for float scales (spec §3.1).
+  random_source(rounding, random_bits, seed, offset_is_zero, name)
+                                 where stochastic rounding's bits come from, checked.
+
+The small-shape policy of the training layers (spec §8)
+  MIN_MACS, call_pays, layer_may_pay, describe_small_shape
+"""
+
+from lowp._formats import FLOAT4_E2M1FN, FLOAT8_E4M3FN, element_format
+from lowp._groups import expand as expand_groups
+from lowp._layouts import cublas_blocked_shape
+from lowp._qtensor import (
+    HP_DTYPES,
+    StoredLayout,
+    blocked_matrix_shape,
+    check_layout,
+    codes_shape,
+    stored_scale_shape,
+)
+from lowp._quantize import EPS, poisoned_groups
+from lowp._rounding import random_source
+from lowp._schemes import (
+    MX_MODES,
+    SCHEME_TYPES,
+    check_scheme,
+    from_spec,
+    normalize_axis,
+    scale_format,
+)
+from lowp._small_shapes import MIN_MACS, call_pays, layer_may_pay
+from lowp._small_shapes import describe as describe_small_shape
+
+__all__ = [
+    "EPS",
+    "FLOAT4_E2M1FN",
+    "FLOAT8_E4M3FN",
+    "HP_DTYPES",
+    "MIN_MACS",
+    "MX_MODES",
+    "SCHEME_TYPES",
+    "StoredLayout",
+    "blocked_matrix_shape",
+    "call_pays",
+    "check_layout",
+    "check_scheme",
+    "codes_shape",
+    "cublas_blocked_shape",
+    "describe_small_shape",
+    "element_format",
+    "expand_groups",
+    "from_spec",
+    "layer_may_pay",
+    "normalize_axis",
+    "poisoned_groups",
+    "random_source",
+    "scale_format",
+    "stored_scale_shape",
+]

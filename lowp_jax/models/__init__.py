@@ -1,1 +1,0 @@
-"""Real models written with flax nnx, loaded from checkpoints the core reads."""

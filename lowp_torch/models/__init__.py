@@ -1,1 +1,0 @@
-"""Real models written with torch.nn, loaded from checkpoints the core reads."""
