@@ -4,10 +4,10 @@
 for every scheme and format of the core, on CPU and CUDA, in eager mode and under
 torch.compile (spec §0 of docs/numerics.md says how). `QuantizedTensor` is a
 torch.Tensor subclass a model can hold as a weight; `scaled_matmul` lowers a quantized
-GEMM to torch._scaled_mm, fbgemm or emulation; `quantize_` converts a model's linears.
+GEMM to torch._scaled_mm, fbgemm or emulation; `quantize_` converts a model's linears
+for inference.
 
-Training (spec §8): `convert_to_training(model, recipe)` (or `quantize_` given a
-`lowp.Recipe`) swaps each nn.Linear for a `Linear` whose forward, dgrad and wgrad GEMMs
+Training (spec §8): `convert_to_training(model, recipe)` swaps each nn.Linear for a `Linear` whose forward, dgrad and wgrad GEMMs
 are quantized as the recipe says, in eager mode and under torch.compile;
 `training_operands` shows the bytes each GEMM gets; `to_inference` turns the trained
 model into `quantize_`'s inference form.

@@ -1,6 +1,6 @@
-"""`quantize_(model, config)`: quantize every nn.Linear weight in place, for inference, or
-hand a training recipe to `convert_to_training`; `to_inference`: from training back to
-that inference form; `save_quantized` / `load_quantized`: the model's state through
+"""`quantize_(model, config)`: quantize every nn.Linear weight in place, for inference
+(training is `convert_to_training`'s); `to_inference`: from training back to that
+inference form; `save_quantized` / `load_quantized`: the model's state through
 lowp's interchange file.
 """
 
@@ -24,28 +24,23 @@ _BYTES_VIEWS = {
 
 def quantize_(
     model: nn.Module,
-    config: "lowp.InferenceConfig | str | lowp.Recipe",
+    config: "lowp.InferenceConfig | str",
     filter_fn=None,
     *,
     pad_to_16: bool = False,
     kernel: str = "auto",
     fast_accum: bool = True,
     strict: bool = False,
-    small_shapes: str | None = None,
 ) -> nn.Module:
-    """Replace each `nn.Linear` weight of `model` with a QuantizedTensor, in place; or,
-    given a training `lowp.Recipe`, convert the model for training.
+    """Replace each `nn.Linear` weight of `model` with a QuantizedTensor, in place, for
+    inference.
 
-    One entry point, two meanings, told apart by the type of `config`: an
-    `InferenceConfig` or a **string** means inference (a string always names an
-    inference preset, even where a recipe has the same name, as "float8_rowwise" and
-    "mxfp8" do); a `lowp.Recipe` **object** means training, and the call is
-    `convert_to_training(model, config, filter_fn, kernel=kernel, pad_to_16=pad_to_16,
-    small_shapes=small_shapes)` (see there; `fast_accum` and `strict` are inference
-    options and are refused with a Recipe, whose GemmSpecs fix fast accumulation per
-    GEMM; `small_shapes` is a training option, refused with an inference config).
+    `quantize_` is inference only; training goes through `convert_to_training(model,
+    recipe)`, and a `lowp.Recipe` given here is refused with a TypeError saying so (a
+    string always names an inference preset, even where a recipe has the same name, as
+    "float8_rowwise" and "mxfp8" do).
 
-    For inference: the weight is stored (out_features, in_features) and quantized with
+    The weight is stored (out_features, in_features) and quantized with
     `config.weight`, scaled along in_features where the scheme has an axis (spec §8,
     §9). When `config.activation` is set, each call quantizes the input with it
     (dynamically: fresh scales per call) and runs the GEMM through `scaled_matmul`;
@@ -56,21 +51,19 @@ def quantize_(
     Args:
       model: any module; its nn.Linear submodules (shared ones once) are converted.
       config: a `lowp.InferenceConfig`, or a preset name from
-        `lowp.InferenceConfig.names()` ("float8_rowwise", "mxfp8", "nvfp4", ...); or
-        a `lowp.Recipe` for training (`lowp.Recipe.from_name("mxfp8")`).
+        `lowp.InferenceConfig.names()` ("float8_rowwise", "mxfp8", "nvfp4", ...).
       filter_fn: `filter_fn(module, name) -> bool`; only linears it accepts are
         quantized (skip, say, an lm_head whose in_features no MX block divides).
       pad_to_16, kernel, fast_accum, strict: the weight's `LinearConfig` (see there).
         With an explicit fp8 kernel and no padding, a layer whose K or N is not a
         multiple of 16 is refused here, naming it.
-      small_shapes: for a Recipe, `lowp_torch.Linear`'s small-shape policy ("auto", the
-        default, or "quantize").
 
     Returns:
-      `model`, for chaining (for a Recipe and a bare nn.Linear model, the new layer).
+      `model`, for chaining.
 
     Raises:
-      TypeError: `config` is not a config at all.
+      TypeError: `config` is not an inference config (a `lowp.Recipe` names
+        `convert_to_training`).
       ValueError: naming the layer, for a weight the scheme cannot quantize (a block
         that does not divide in_features, an odd in_features for fp4, ...), or whose
         shape an explicitly requested fp8 kernel cannot take. Nothing is skipped
@@ -82,25 +75,6 @@ def quantize_(
     >>> type(model[0].weight).__name__, model(torch.zeros(2, 64)).shape
     ('QuantizedTensor', torch.Size([2, 32]))
     """
-    if isinstance(config, lowp.Recipe):
-        if not fast_accum or strict:
-            raise ValueError(
-                f"quantize_: fast_accum and strict configure inference; the training recipe "
-                f"{config.name!r} sets fast accumulation per GEMM (GemmSpec.fast_accum)"
-            )
-        return _training_linear.convert_to_training(
-            model,
-            config,
-            filter_fn,
-            kernel=kernel,
-            pad_to_16=pad_to_16,
-            small_shapes="auto" if small_shapes is None else small_shapes,
-        )
-    if small_shapes is not None:
-        raise ValueError(
-            f"quantize_: small_shapes={small_shapes!r} configures training layers; "
-            f"{config!r} is an inference config, whose layers always run quantized"
-        )
     config = _inference_config(config)
     if filter_fn is not None and not callable(filter_fn):
         raise TypeError(f"filter_fn must be callable(module, name) -> bool, got {filter_fn!r}")
@@ -369,7 +343,7 @@ def to_inference(
     for training (left out by convert_to_training's filter_fn) stay as they are.
 
     Args:
-      model: a model from `convert_to_training` (or `quantize_` with a Recipe).
+      model: a model from `convert_to_training`.
       config: a `lowp.InferenceConfig` or an inference preset name.
       filter_fn, pad_to_16, kernel, fast_accum, strict: as for `quantize_`, applied to
         the converted layers (one filter_fn rejects becomes a high-precision nn.Linear).
@@ -418,9 +392,10 @@ def _inference_config(config) -> "lowp.InferenceConfig":
         return lowp.InferenceConfig.from_name(config)
     if isinstance(config, lowp.Recipe):
         raise TypeError(
-            f"expected an inference config (lowp.InferenceConfig or a preset name), got the "
-            f"training recipe {config.name!r}; use lowp.InferenceConfig.from_name({config.name!r}) "
-            "where that preset exists"
+            f"quantize_ and to_inference take an inference config (lowp.InferenceConfig or a "
+            f"preset name), got the training recipe {config.name!r}: to train, use "
+            f"lowp_torch.convert_to_training(model, {config.name!r}); to serve, "
+            f"lowp.InferenceConfig.from_name(...) with a preset of {lowp.InferenceConfig.names()}"
         )
     if not isinstance(config, lowp.InferenceConfig):
         raise TypeError(f"expected a lowp.InferenceConfig or a preset name, got {config!r}")

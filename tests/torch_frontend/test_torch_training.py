@@ -319,26 +319,26 @@ def test_convert_to_training_swaps_linears_sharing_their_parameters():
     assert isinstance(layer, lowp_torch.Linear) and layer.recipe.name == "mxfp8"
 
 
-def test_quantize_routes_a_recipe_object_to_training_and_a_string_to_inference():
-    trained = lowp_torch.quantize_(_tiny_model(), lowp.Recipe.from_name("float8_rowwise"))
-    assert isinstance(trained[0], lowp_torch.Linear) and not isinstance(
-        trained[0].weight, lowp_torch.QuantizedTensor
-    )
+def test_quantize_takes_inference_configs_and_refuses_a_recipe_naming_convert_to_training():
     served = lowp_torch.quantize_(_tiny_model(), "float8_rowwise")  # the inference preset
     assert type(served[0]) is nn.Linear and isinstance(served[0].weight, lowp_torch.QuantizedTensor)
-    with pytest.raises(ValueError, match="fast_accum and strict configure inference"):
-        lowp_torch.quantize_(_tiny_model(), lowp.Recipe.from_name("mxfp8"), strict=True)
+    model = _tiny_model()
+    weights = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(TypeError, match=r"convert_to_training\(model, 'float8_rowwise'\)"):
+        lowp_torch.quantize_(model, lowp.Recipe.from_name("float8_rowwise"))
+    assert type(model[0]) is nn.Linear and not isinstance(model[0].weight, lowp_torch.QuantizedTensor)
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
+    with pytest.raises(TypeError, match="small_shapes"):
+        lowp_torch.quantize_(_tiny_model(), "float8_rowwise", small_shapes="quantize")
 
 
-def test_quantize_passes_small_shapes_to_training_and_refuses_it_for_inference():
+def test_convert_to_training_takes_the_small_shape_policy():
     recipe = lowp.Recipe.from_name("float8_rowwise")
-    assert lowp_torch.quantize_(_tiny_model(), recipe)[0].lowering.small_shapes == "auto"
-    forced = lowp_torch.quantize_(_tiny_model(), recipe, small_shapes="quantize")
+    assert lowp_torch.convert_to_training(_tiny_model(), recipe)[0].lowering.small_shapes == "auto"
+    forced = lowp_torch.convert_to_training(_tiny_model(), recipe, small_shapes="quantize")
     assert all(m.lowering.small_shapes == "quantize" for m in forced if hasattr(m, "lowering"))
     with pytest.raises(ValueError, match=r"small_shapes must be one of \('auto', 'quantize'\)"):
-        lowp_torch.quantize_(_tiny_model(), recipe, small_shapes="never")
-    with pytest.raises(ValueError, match="small_shapes='quantize' configures training layers"):
-        lowp_torch.quantize_(_tiny_model(), "float8_rowwise", small_shapes="quantize")
+        lowp_torch.convert_to_training(_tiny_model(), recipe, small_shapes="never")
 
 
 @pytest.mark.parametrize("preset", ["float8_rowwise", "mxfp8", "nvfp4"])
