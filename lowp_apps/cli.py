@@ -32,6 +32,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -112,9 +113,11 @@ def _parser() -> argparse.ArgumentParser:
     presets = ", ".join(lowp.InferenceConfig.names())
     inspect = sub.add_parser(
         "inspect",
-        help="quantize every tensor of a checkpoint with each scheme and report the error",
-        description="Quantize every float tensor of a .safetensors or .npz checkpoint with each\n"
-        "scheme and report SQNR, saturation, flush-to-zero and scale statistics.",
+        help="quantize a checkpoint's linear weights with each scheme and report the error",
+        description="Quantize the linear layers' weights of a .safetensors or .npz checkpoint\n"
+        "(or every float tensor: --all) with each scheme and report SQNR, saturation,\n"
+        "flush-to-zero and scale statistics. Tensors a lowp file stores quantized are\n"
+        "reported as stored.",
         epilog=_INSPECT_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -133,6 +136,18 @@ def _parser() -> argparse.ArgumentParser:
         f"KIND[:FIELD=VALUE]... such as mx:mode=floor or block:block=1x128 (KIND: tensor, "
         f"axis, block, mx, nvfp4); repeat or comma-separate (default: all presets, one per "
         f"distinct weight scheme). Presets: {presets}",
+    )
+    which = inspect.add_mutually_exclusive_group()
+    which.add_argument(
+        "--all",
+        action="store_true",
+        help="every float tensor, not only the linear weights the presets quantize "
+        "(rank 2, named *weight, not an embedding)",
+    )
+    which.add_argument(
+        "--filter",
+        metavar="REGEX",
+        help="the float tensors whose name matches REGEX (re.search), instead of the linear weights",
     )
     inspect.add_argument(
         "--top", type=int, metavar="N", help="print only the N worst rows of the table"
@@ -262,18 +277,24 @@ def _run_inspect(args) -> int:
             raise _UsageError(f"--plot: no such directory for {args.plot!r}")
         if importlib.util.find_spec("matplotlib") is None:
             raise _UsageError(_NO_MATPLOTLIB)
+    select = "all" if args.all else "linear"
+    if args.filter is not None:
+        try:
+            select = re.compile(args.filter)
+        except re.error as err:
+            raise _UsageError(f"--filter {args.filter!r} is not a regular expression: {err}") from None
     try:
-        arrays = lowp.read_arrays(path)
+        arrays = inspection.read_checkpoint(path)
     except Exception as err:  # noqa: BLE001 -- any failure to parse is the file's fault
         detail = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
-        if path not in detail:  # read_arrays' ValueErrors already name the file
+        if path not in detail:  # lowp's ValueErrors already name the file
             detail = f"cannot read {path!r}: {detail}"
         raise _UsageError(detail) from None
 
     progress = None
     if not args.no_progress and (sys.stderr.isatty() or len(arrays) > 20):
         progress = _ProgressBar(sys.stderr)
-    result = inspection.inspect_arrays(arrays, schemes, path=path, progress=progress)
+    result = inspection.inspect_arrays(arrays, schemes, path=path, progress=progress, select=select)
     if progress is not None:
         progress.close()
 

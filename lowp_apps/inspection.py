@@ -16,12 +16,24 @@ For every float tensor and every scheme, `inspect_tensor` quantizes with the ref
              dequantize a copy of the QTensor whose codes all are the max code. Reported as
              log2 over the groups with a positive finite scale.
 
-Printing lives in `lowp_apps.cli`.
+Which tensors (`select`): every float tensor ("all"); those `quantize_` /
+`quantize_params` would quantize ("linear", `lowp inspect`'s default), the weights of
+linear layers (rank 2, named `*weight`, not an embedding table); or the tensors whose
+name a regular expression matches. A
+tensor left out is listed with the reason.
+
+A lowp file (written by `lowp.save`) holds quantized tensors: each is reported as it is
+stored (scheme, groups, poisoned groups, codes at ±max, zero codes, scale range), not
+quantized again; its `.codes`/`.scale` arrays are never mistaken for weights.
+
+Printing lives in `lowp_apps.inspection_report`.
 """
 
 import dataclasses
 import math
+import os
 import pathlib
+import re
 
 import ml_dtypes
 import numpy as np
@@ -89,7 +101,8 @@ class Row:
 
 @dataclasses.dataclass(frozen=True)
 class Skipped:
-    """A tensor that no scheme applies to because of its dtype."""
+    """A tensor left out: its dtype is not a float lowp quantizes, or the selection
+    (`select`) did not take it."""
 
     tensor: str
     dtype: str
@@ -115,12 +128,31 @@ class Summary:
 
 
 @dataclasses.dataclass(frozen=True)
+class Stored:
+    """A quantized tensor as a lowp file stores it. `at_max`: elements whose code is ±max
+    (saturated, or exactly at a group's amax); `zeros`: elements whose code is ±0."""
+
+    tensor: str
+    shape: tuple[int, ...]
+    hp_dtype: str
+    scheme: lowp.Scheme
+    elements: int
+    groups: int
+    poisoned_groups: int
+    at_max: int
+    zeros: int
+    scale_log2_min: float | None
+    scale_log2_max: float | None
+
+
+@dataclasses.dataclass(frozen=True)
 class Inspection:
     path: str
     tensors: int
     rows: list[Row]
     skipped: list[Skipped]
     summaries: list[Summary]
+    stored: list[Stored] = dataclasses.field(default_factory=list)
 
 
 def saturation_threshold(fmt: lowp.Format) -> tuple[float, bool]:
@@ -256,17 +288,76 @@ def sort_key(row: Row):
     return (1, row.sqnr_db, row.tensor)
 
 
+def not_a_linear_weight(name: str, x: np.ndarray) -> str | None:
+    """Why the presets' `quantize_` would not quantize this tensor, or None if it would:
+    they quantize the weights of linear layers, rank 2 and named `*weight`; an embedding
+    table (`embed` in its name) is looked up, not multiplied."""
+    if x.ndim != 2:
+        return f"rank {x.ndim}: not a linear layer's weight (biases, norms and scalars stay high precision)"
+    if not name.endswith("weight"):
+        return "not named *weight: not a linear layer's weight"
+    if "embed" in name.lower():
+        return "an embedding table, not a linear layer's weight"
+    return None
+
+
+def selection_reason(name: str, x: np.ndarray, select) -> str | None:
+    """Why `select` leaves this float tensor out, or None if it takes it: "linear" (the
+    tensors the presets quantize), "all", or a compiled regular expression searched in
+    the name."""
+    if select == "linear":
+        return not_a_linear_weight(name, x)
+    if select == "all":
+        return None
+    if isinstance(select, re.Pattern):
+        return None if select.search(name) else f"name does not match --filter {select.pattern!r}"
+    raise ValueError(f"select must be 'linear', 'all' or a compiled pattern, got {select!r}")
+
+
+def stored_row(name: str, q: lowp.QTensor) -> Stored:
+    """What a lowp file says of a quantized tensor, without the original to compare with."""
+    fmt = extend.element_format(q.scheme.fmt)
+    codes = q.codes if fmt.name != "float4_e2m1fn" else lowp.unpack_fp4(q.codes)
+    magnitude = codes & np.uint8((1 << (fmt.bits - 1)) - 1)
+    plain = q.with_scale_layout("plain")
+    group_max = lowp.dequantize(
+        dataclasses.replace(plain, codes=_max_codes(plain.codes, fmt)), "float32"
+    )
+    finite = group_max[np.isfinite(group_max) & (group_max > 0)]
+    lo = hi = None
+    if finite.size:
+        lo = math.log2(float(finite.min()) / fmt.max)
+        hi = math.log2(float(finite.max()) / fmt.max)
+    return Stored(
+        tensor=name,
+        shape=q.shape,
+        hp_dtype=q.hp_dtype,
+        scheme=q.scheme,
+        elements=int(np.prod(q.shape)),
+        groups=int(plain.scale.size),
+        poisoned_groups=int(extend.poisoned_groups(q).sum()),
+        at_max=int(np.count_nonzero(magnitude == fmt.max_code)),
+        zeros=int(np.count_nonzero(magnitude == 0)),
+        scale_log2_min=lo,
+        scale_log2_max=hi,
+    )
+
+
 def inspect_arrays(
-    arrays: dict, schemes: dict, path: str = "<arrays>", progress=None
+    arrays: dict, schemes: dict, path: str = "<arrays>", progress=None, select="all"
 ) -> Inspection:
-    """Inspect every tensor of `arrays` (name -> numpy array) with every scheme of
-    `schemes` (label -> Scheme). `progress(done, total)` is called after each tensor."""
+    """Inspect the tensors of `arrays` (name -> numpy array or lowp.QTensor) that `select`
+    takes ("all", the default; "linear": what the presets quantize, `lowp inspect`'s
+    default; or a compiled regular expression on the name) with every scheme of `schemes` (label -> Scheme); QTensors are
+    reported as stored. `progress(done, total)` is called after each tensor."""
     rows: list[Row] = []
     skipped: list[Skipped] = []
+    stored: list[Stored] = []
     total = len(arrays)
     for done, (name, x) in enumerate(arrays.items(), start=1):
-        reason = skip_reason(x)
-        if reason is not None:
+        if isinstance(x, lowp.QTensor):
+            stored.append(stored_row(name, x))
+        elif (reason := skip_reason(x) or selection_reason(name, x, select)) is not None:
             skipped.append(Skipped(name, str(x.dtype), reason))
         else:
             rows.extend(inspect_tensor(name, x, label, scheme) for label, scheme in schemes.items())
@@ -274,11 +365,21 @@ def inspect_arrays(
             progress(done, total)
     rows.sort(key=sort_key)
     summaries = [summarize(label, scheme, rows) for label, scheme in schemes.items()]
-    return Inspection(path=path, tensors=total, rows=rows, skipped=skipped, summaries=summaries)
+    return Inspection(
+        path=path, tensors=total, rows=rows, skipped=skipped, summaries=summaries, stored=stored
+    )
 
 
-def inspect_file(path, schemes: dict, progress=None) -> Inspection:
+def read_checkpoint(path) -> dict:
+    """name -> numpy array or lowp.QTensor: a .safetensors file through `lowp.load` (a lowp
+    file's quantized tensors come back whole), an .npz file's arrays."""
+    if os.fspath(path).lower().endswith(".safetensors"):
+        return lowp.load(path)
+    return lowp.read_arrays(path)
+
+
+def inspect_file(path, schemes: dict, progress=None, select="all") -> Inspection:
     """`inspect_arrays` over the tensors of a .safetensors or .npz file."""
     return inspect_arrays(
-        lowp.read_arrays(path), schemes, path=str(path), progress=progress
+        read_checkpoint(path), schemes, path=str(path), progress=progress, select=select
     )

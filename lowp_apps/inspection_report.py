@@ -52,11 +52,14 @@ def inspection_text(result, top: int | None = None) -> str:
     out = [
         f"file: {result.path}",
         (
-            f"{result.tensors} tensors: {len(float_tensors)} float ({elements:,} elements), "
-            f"{len(result.skipped)} skipped"
+            f"{result.tensors} tensors: {len(float_tensors)} inspected ({elements:,} elements), "
+            f"{len(result.stored)} stored quantized, {len(result.skipped)} left out"
         ),
     ]
-    out += [f"skipped: {s.tensor}: {s.reason}" for s in result.skipped]
+    out += _skipped_lines(result.skipped)
+    if result.stored:
+        out += ["", f"stored quantized ({len(result.stored)} tensors, reported as the file holds them):"]
+        out.append(_stored_table(result.stored))
     out += ["", "schemes (a preset name stands for its weight scheme):"]
     out += [f"  {s.name:<18} {s.scheme}" for s in result.summaries]
     out.append("")
@@ -110,14 +113,47 @@ def inspection_text(result, top: int | None = None) -> str:
         )
     out += ["", f"per tensor, worst SQNR first ({len(result.rows)} rows):"]
     header = ("tensor", "shape", "scheme", "SQNR dB", "sat %", "flush %", "scale log2", "poisoned")
-    out.append(_natable(header, table_rows, right={3, 4, 5, 7}))
+    out.append(_na_table(header, table_rows, right={3, 4, 5, 7}))
     hidden = len(result.rows) - len(rows)
     if hidden:
         out.append(f"... {hidden} more rows hidden by --top {top}")
     return "\n".join(out)
 
 
-def _natable(header, rows, right) -> str:
+def _skipped_lines(skipped, shown: int = 3) -> list[str]:
+    """The tensors left out, one line per reason with the first few names."""
+    by_reason: dict[str, list[str]] = {}
+    for s in skipped:
+        by_reason.setdefault(s.reason, []).append(s.tensor)
+    lines = []
+    for reason, names in by_reason.items():
+        more = f", ... ({len(names)} tensors)" if len(names) > shown else ""
+        lines.append(f"left out: {', '.join(names[:shown])}{more}: {reason}")
+    if any("linear layer's weight" in s.reason for s in skipped):
+        lines.append("  (--all inspects every float tensor; --filter REGEX picks tensors by name)")
+    return lines
+
+
+def _stored_table(stored) -> str:
+    rows = [
+        (
+            s.tensor,
+            "x".join(map(str, s.shape)) or "()",
+            s.hp_dtype,
+            repr(s.scheme),
+            str(s.groups),
+            str(s.poisoned_groups),
+            _pct(s.at_max / max(s.elements, 1)),
+            _pct(s.zeros / max(s.elements, 1)),
+            _scale_range(s),
+        )
+        for s in stored
+    ]
+    header = ("tensor", "shape", "from", "scheme", "groups", "poisoned", "at max %", "zero %", "scale log2")
+    return table(header, rows, right={4, 5, 6, 7})
+
+
+def _na_table(header, rows, right) -> str:
     """`table`, except that an "n/a: ..." cell runs on past its column instead of widening it."""
     fitted = [r for r in rows if not r[3].startswith("n/a: ")]
     widths = [max(len(str(r[i])) for r in [header, *fitted]) for i in range(len(header))]
@@ -164,6 +200,22 @@ def inspection_json(result) -> dict:
         ],
         "skipped": [
             {"tensor": s.tensor, "dtype": s.dtype, "reason": s.reason} for s in result.skipped
+        ],
+        "stored": [
+            {
+                "tensor": s.tensor,
+                "shape": list(s.shape),
+                "hp_dtype": s.hp_dtype,
+                "scheme": repr(s.scheme),
+                "elements": s.elements,
+                "groups": s.groups,
+                "poisoned_groups": s.poisoned_groups,
+                "at_max": s.at_max,
+                "zeros": s.zeros,
+                "scale_log2_min": _json_number(s.scale_log2_min),
+                "scale_log2_max": _json_number(s.scale_log2_max),
+            }
+            for s in result.stored
         ],
         "rows": [
             {

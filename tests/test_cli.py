@@ -86,10 +86,10 @@ def test_formats_lists_every_format_and_its_max(capsys):
 @pytest.mark.parametrize("fixture", ["npz_file", "safetensors_file"])
 def test_inspect_text_report(capsys, request, fixture):
     path = request.getfixturevalue(fixture)
-    code, out, err = run(capsys, "inspect", path)
+    code, out, err = run(capsys, "inspect", path, "--all")
     assert code == 0, err
-    assert "skipped: ids: dtype int64 is not a float" in out
-    assert "4 tensors: 3 float" in out
+    assert "left out: ids: dtype int64 is not a float" in out
+    assert "4 tensors: 3 inspected" in out
     lines = out.splitlines()
     exact = next(ln for ln in lines if ln.startswith("exact ") and " float8_tensorwise " in ln)
     assert exact.split()[3] == "inf"
@@ -108,7 +108,7 @@ def test_inspect_text_report(capsys, request, fixture):
 
 def test_inspect_json_rows(capsys, npz_file):
     code, out, _ = run(
-        capsys, "inspect", npz_file, "--json", "--scheme", "float8_tensorwise,float8_block"
+        capsys, "inspect", npz_file, "--all", "--json", "--scheme", "float8_tensorwise,float8_block"
     )
     assert code == 0
     result = json.loads(out)
@@ -141,10 +141,54 @@ def test_inspect_json_rows(capsys, npz_file):
 
 
 def test_top_hides_rows_and_says_so(capsys, npz_file):
-    code, out, _ = run(capsys, "inspect", npz_file, "--top", "2")
+    code, out, _ = run(capsys, "inspect", npz_file, "--all", "--top", "2")
     assert code == 0
     n_rows = 3 * len(inspection.preset_schemes())
     assert f"... {n_rows - 2} more rows hidden by --top 2" in out
+
+
+def test_by_default_only_the_linear_weights_the_presets_quantize(capsys, npz_file):
+    code, out, _ = run(capsys, "inspect", npz_file, "--json", "--scheme", "mxfp8")
+    assert code == 0
+    result = json.loads(out)
+    assert {r["tensor"] for r in result["rows"]} == {"weight"}
+    reasons = {s["tensor"]: s["reason"] for s in result["skipped"]}
+    assert reasons["with_tiny"].startswith("rank 1: not a linear layer's weight")
+    assert reasons["exact"].startswith("not named *weight")
+    assert reasons["ids"] == "dtype int64 is not a float"
+
+
+def test_filter_picks_tensors_by_name(capsys, npz_file):
+    code, out, _ = run(capsys, "inspect", npz_file, "--json", "--filter", "^ex", "--scheme", "mxfp8")
+    assert code == 0
+    result = json.loads(out)
+    assert {r["tensor"] for r in result["rows"]} == {"exact"}
+    assert {s["tensor"]: s["reason"] for s in result["skipped"]}["weight"] == (
+        "name does not match --filter '^ex'"
+    )
+    code, _, err = run(capsys, "inspect", npz_file, "--filter", "(")
+    assert code == 2 and "--filter '(' is not a regular expression" in err
+
+
+def test_a_lowp_file_is_reported_as_stored_not_quantized_again(capsys, tmp_path):
+    x = np.linspace(-4, 4, 64 * 128, dtype=np.float32).reshape(64, 128)
+    x[3, :32] = np.nan  # one poisoned group
+    q = lowp.quantize(x, lowp.MXScaling(mode="rceil"))
+    path = tmp_path / "quantized.safetensors"
+    lowp.save(path, {"layer.weight": q, "layer.bias": np.zeros(64, np.float32)})
+    code, out, _ = run(capsys, "inspect", str(path), "--json", "--scheme", "mxfp8")
+    assert code == 0
+    result = json.loads(out)
+    assert result["rows"] == []  # the codes and scales are not weights to quantize
+    (stored,) = result["stored"]
+    assert stored["tensor"] == "layer.weight" and stored["shape"] == [64, 128]
+    assert stored["scheme"] == repr(q.scheme) and stored["hp_dtype"] == "float32"
+    assert stored["groups"] == 64 * 4 and stored["poisoned_groups"] == 1
+    codes = q.codes & 0x7F
+    assert stored["at_max"] == int((codes == 0x7E).sum()) > 0
+    assert stored["zeros"] == int((codes == 0).sum())
+    code, text, _ = run(capsys, "inspect", str(path), "--scheme", "mxfp8")
+    assert "stored quantized (1 tensors" in text and "layer.weight  64x128" in text
 
 
 def test_mx_floor_saturates_above_the_midpoint():
@@ -212,7 +256,7 @@ def test_a_value_that_dequantizes_to_inf_reports_minus_inf_sqnr(capsys, tmp_path
     row = inspection.inspect_tensor("x", x, "mxfp4", lowp.InferenceConfig.from_name("mxfp4").weight)
     assert row.sqnr_db == -math.inf
     path = tmp_path / "big.npz"
-    np.savez(path, w=x)
+    np.savez(path, weight=x)
     code, out, err = run(capsys, "inspect", str(path), "--no-progress")
     assert code == 0 and "Traceback" not in err and "-inf" in out
 
@@ -290,7 +334,9 @@ def test_default_inspect_of_minilm(capsys):
     assert len(float_tensors) + len(result["skipped"]) == 104
     assert len(result["rows"]) == len(float_tensors) * len(schemes)  # --top trims text only
     by_name = {s["name"]: s for s in result["schemes"]}
-    assert by_name["float8_tensorwise"]["tensors"] == 103
+    # The 37 linear weights quantize_ quantizes (6 layers x 6, the pooler), nothing else.
+    assert by_name["float8_tensorwise"]["tensors"] == 37
+    assert all(t.endswith(".weight") and "LayerNorm" not in t for t in float_tensors)
     assert float(by_name["mxfp8"]["median_sqnr_db"]) > 28  # e4m3: ~31 dB on real weights
     assert float(by_name["mxfp4"]["median_sqnr_db"]) > 12
 
