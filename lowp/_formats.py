@@ -50,7 +50,7 @@ class Format:
     @property
     def max_code(self) -> int:
         """The positive code of `max`."""
-        return int(encode(np.float32([self.max]), self)[0])
+        return int(encode(np.array([self.max], dtype=np.float32), self)[0])
 
     def values(self) -> np.ndarray:
         """float32 value of every code 0 .. 2**bits - 1 (NaN codes give NaN)."""

@@ -214,7 +214,7 @@ class InferenceConfig:
         return cls(weight=weight, activation=activation)
 
 
-_PRESETS = {
+_PRESETS: dict[str, tuple[_schemes.Scheme, _schemes.Scheme | None]] = {
     "float8_tensorwise": (_schemes.TensorScaling(_E4M3), _schemes.TensorScaling(_E4M3)),
     "float8_rowwise": (_schemes.AxisScaling(_E4M3, axis=-1), _schemes.AxisScaling(_E4M3, axis=-1)),
     "float8_weight_only": (_schemes.AxisScaling(_E4M3, axis=-1), None),
