@@ -35,10 +35,11 @@ except _metadata.PackageNotFoundError:  # imported from a source tree that is no
     __version__ = _source_version()
 
 __all__ = [
-    "AxisScaling",
-    "BlockScaling",
     "ELEMENT_FORMATS",
     "FORMATS",
+    "SCALE_FORMATS",
+    "AxisScaling",
+    "BlockScaling",
     "Format",
     "GemmSpec",
     "InferenceConfig",
@@ -46,7 +47,6 @@ __all__ = [
     "NVFP4Scaling",
     "QTensor",
     "Recipe",
-    "SCALE_FORMATS",
     "Scheme",
     "TensorScaling",
     "decode",

@@ -168,7 +168,7 @@ def encode_in_range(v: np.ndarray, fmt: Format) -> np.ndarray:
     return code.astype(np.uint8)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _value_table(fmt: Format) -> np.ndarray:
     codes = np.arange(1 << fmt.bits, dtype=np.int64)
     if not fmt.signed:  # e8m0: the byte is the biased exponent, 0xFF is NaN

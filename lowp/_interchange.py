@@ -219,8 +219,8 @@ def _flatten(tensors) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
     owners: dict[str, str] = {}  # stored name -> the tensor that stores it
     entries: dict[str, dict] = {}
     for name, value in tensors.items():
-        if not isinstance(name, str):
-            raise ValueError(f"tensor names must be str, got {name!r} ({type(name).__name__})")
+        if not isinstance(name, str):  # a ValueError, as save's docstring says
+            raise ValueError(f"tensor names must be str, got {name!r} ({type(name).__name__})")  # noqa: TRY004
         if isinstance(value, _qtensor.QTensor):
             parts, entries[name] = _qtensor_parts(name, value)
         elif isinstance(value, np.ndarray):
@@ -363,7 +363,9 @@ def _qtensor_from_entry(name: str, entry, arrays: dict, path) -> "_qtensor.QTens
         # On disk the axis is non-negative (spec §9); in memory lowp spells axes from the
         # end, as its presets and recipes do, so a loaded MXScaling equals MXScaling().
         if scheme.axis >= len(shape):
-            raise _error(path, f"{where}: scheme axis {scheme.axis} is out of range for shape {shape}")
+            raise _error(
+                path, f"{where}: scheme axis {scheme.axis} is out of range for shape {shape}"
+            )
         scheme = dataclasses.replace(scheme, axis=scheme.axis - len(shape))
     codes = _take(arrays, name, "codes", path)
     scale = _take(arrays, name, "scale", path)

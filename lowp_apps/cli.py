@@ -105,7 +105,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_arguments(
         sub.add_parser(
             "demo",
-            help="MiniLM quantized in PyTorch and JAX: identical bytes, fidelity, a checkpoint round trip",
+            help=(
+                "MiniLM quantized in PyTorch and JAX: identical bytes, fidelity, "
+                "a checkpoint round trip"
+            ),
             description=demo.__doc__.split("\n\n")[0],
         )
     )
@@ -245,7 +248,7 @@ def _table(header, rows, right=frozenset()) -> str:
     for r in [header, *rows]:
         cells = [
             str(c).rjust(w) if i in right else str(c).ljust(w)
-            for i, (c, w) in enumerate(zip(r, widths))
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
         ]
         lines.append("  ".join(cells).rstrip())
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -320,7 +323,8 @@ def _chosen_schemes(values: list[str] | None) -> dict:
             chosen[name] = extend.from_spec(name)
         except (TypeError, ValueError) as err:
             raise _UsageError(
-                f"unknown scheme {name!r}: not a preset ({', '.join(known)}) nor a scheme spec ({err})"
+                f"unknown scheme {name!r}: not a preset ({', '.join(known)}) "
+                f"nor a scheme spec ({err})"
             ) from None
     return chosen
 
@@ -454,11 +458,12 @@ def _na_table(header, rows, right) -> str:
     lines = []
     for r in [header, *rows]:
         if r[3].startswith("n/a: "):
-            lines.append("  ".join(c.ljust(w) for c, w in zip(r[:3], widths[:3])) + "  " + r[3])
+            first = "  ".join(c.ljust(w) for c, w in zip(r[:3], widths[:3], strict=True))
+            lines.append(first + "  " + r[3])
             continue
         cells = [
             str(c).rjust(w) if i in right else str(c).ljust(w)
-            for i, (c, w) in enumerate(zip(r, widths))
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
         ]
         lines.append("  ".join(cells).rstrip())
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -696,7 +701,7 @@ def plot_inspection(result, png_path: str) -> None:
             color=colour,
             label=label,
         )
-        for xi, p in zip(x + offset, pct):
+        for xi, p in zip(x + offset, pct, strict=True):
             text = "0" if p == 0 else f"{p:.2g}"
             bars.annotate(text, (xi, max(p, floor)), ha="center", va="bottom", fontsize=7)
     bars.set_yscale("log")
