@@ -5,6 +5,7 @@ identical on every backend, and immune to flush-to-zero hardware.
 """
 
 import numpy as np
+import numpy.typing as npt
 
 SIGN = np.uint32(0x80000000)
 ABS = np.uint32(0x7FFFFFFF)
@@ -15,12 +16,12 @@ NAN_F32 = np.uint32(0x7FC00000)
 FLT_MAX = np.float32(np.finfo(np.float32).max)
 
 
-def bits(x: np.ndarray) -> np.ndarray:
+def bits(x: npt.ArrayLike) -> np.ndarray:
     """The uint32 pattern of a float32 array (a view, no copy)."""
     return np.asarray(x, dtype=np.float32, order="C").view(np.uint32)
 
 
-def from_bits(b: np.ndarray) -> np.ndarray:
+def from_bits(b: npt.ArrayLike) -> np.ndarray:
     """The float32 array whose patterns are the uint32 array `b`."""
     return np.asarray(b, dtype=np.uint32, order="C").view(np.float32)
 

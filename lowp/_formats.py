@@ -50,7 +50,7 @@ class Format:
     @property
     def max_code(self) -> int:
         """The positive code of `max`."""
-        return int(encode(np.float32([self.max]), self)[0])
+        return int(encode(np.array([self.max], dtype=np.float32), self)[0])
 
     def values(self) -> np.ndarray:
         """float32 value of every code 0 .. 2**bits - 1 (NaN codes give NaN)."""
@@ -168,7 +168,7 @@ def encode_in_range(v: np.ndarray, fmt: Format) -> np.ndarray:
     return code.astype(np.uint8)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _value_table(fmt: Format) -> np.ndarray:
     codes = np.arange(1 << fmt.bits, dtype=np.int64)
     if not fmt.signed:  # e8m0: the byte is the biased exponent, 0xFF is NaN

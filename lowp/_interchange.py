@@ -23,6 +23,7 @@ import struct
 import uuid
 import zipfile
 from collections.abc import Mapping
+from typing import TypeGuard
 
 import ml_dtypes
 import numpy as np
@@ -65,6 +66,8 @@ SCHEME_FIELDS = {
     "MXScaling": (_schemes.MXScaling, {"fmt": str, "block": int, "mode": str, "axis": int}),
     "NVFP4Scaling": (_schemes.NVFP4Scaling, {"block": int, "global_scale": bool, "axis": int}),
 }
+# The scheme kinds with an `axis` field, which a file stores non-negative (spec §9).
+_AXIS_SCHEMES = (_schemes.AxisScaling, _schemes.MXScaling, _schemes.NVFP4Scaling)
 _ENTRY_FIELDS = ("scheme", "shape", "hp_dtype", "scale_layout")
 _ACTIVATION = "activation"  # optional entry field, lowp_format >= 2
 # An activation has no rank until run time; the GEMM reads it as x (M, K) quantized along
@@ -135,11 +138,11 @@ def load(path: str | os.PathLike) -> dict[str, "_qtensor.QTensor | np.ndarray"]:
     """
     arrays, metadata = _read_safetensors(path)
     if METADATA_KEY not in metadata:
-        return arrays
+        return dict(arrays)
     version, entries = _parse_lowp_metadata(metadata[METADATA_KEY], path)
     # Components first, then clashes: QTensors `w` and `w.codes` may share a file
     # (stored as w.codes, w.codes.codes, ...), but a plain `w` beside QTensor `w` may not.
-    loaded = {}
+    loaded: dict[str, _qtensor.QTensor | np.ndarray] = {}
     for name, entry in entries.items():
         _entry_activation(name, entry, version, path)  # a bad activation fails load too
         loaded[name] = _qtensor_from_entry(name, entry, arrays, path)
@@ -212,10 +215,12 @@ def _flatten(tensors) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
     """The arrays to store under each name, and the metadata entry of each QTensor."""
     if not isinstance(tensors, Mapping):
         raise TypeError(f"save takes a dict name -> QTensor or array, got {type(tensors).__name__}")
-    arrays, owners, entries = {}, {}, {}
+    arrays: dict[str, np.ndarray] = {}
+    owners: dict[str, str] = {}  # stored name -> the tensor that stores it
+    entries: dict[str, dict] = {}
     for name, value in tensors.items():
-        if not isinstance(name, str):
-            raise ValueError(f"tensor names must be str, got {name!r} ({type(name).__name__})")
+        if not isinstance(name, str):  # a ValueError, as save's docstring says
+            raise ValueError(f"tensor names must be str, got {name!r} ({type(name).__name__})")  # noqa: TRY004
         if isinstance(value, _qtensor.QTensor):
             parts, entries[name] = _qtensor_parts(name, value)
         elif isinstance(value, np.ndarray):
@@ -278,7 +283,7 @@ def _scheme_to_json(scheme: _schemes.Scheme, rank: int) -> dict:
     scheme_type, fields = SCHEME_FIELDS.get(kind, (None, {}))
     if type(scheme) is not scheme_type:  # a subclass could carry fields we would drop
         raise TypeError(f"cannot save {scheme!r}: lowp files hold {tuple(SCHEME_FIELDS)} only")
-    out = {"kind": kind}
+    out: dict[str, object] = {"kind": kind}
     for field in fields:
         value = getattr(scheme, field)
         if field == "axis":  # spec §9: a file says which axis, not how it was spelled
@@ -332,7 +337,7 @@ def _entry_activation(name: str, entry, version: int, path):
             path, f"{where}: field 'activation' must be a scheme object or null, got {doc!r}"
         )
     scheme = _scheme_from_json(doc, f"{where} activation", path)
-    if not hasattr(scheme, "axis"):
+    if not isinstance(scheme, _AXIS_SCHEMES):
         return scheme
     if scheme.axis != _ACTIVATION_RANK - 1:
         raise _error(
@@ -354,11 +359,13 @@ def _qtensor_from_entry(name: str, entry, arrays: dict, path) -> "_qtensor.QTens
     for field in ("hp_dtype", "scale_layout"):
         if not isinstance(entry[field], str):
             raise _error(path, f"{where}: field {field!r} must be a string, got {entry[field]!r}")
-    if hasattr(scheme, "axis"):
+    if isinstance(scheme, _AXIS_SCHEMES):
         # On disk the axis is non-negative (spec §9); in memory lowp spells axes from the
         # end, as its presets and recipes do, so a loaded MXScaling equals MXScaling().
         if scheme.axis >= len(shape):
-            raise _error(path, f"{where}: scheme axis {scheme.axis} is out of range for shape {shape}")
+            raise _error(
+                path, f"{where}: scheme axis {scheme.axis} is out of range for shape {shape}"
+            )
         scheme = dataclasses.replace(scheme, axis=scheme.axis - len(shape))
     codes = _take(arrays, name, "codes", path)
     scale = _take(arrays, name, "scale", path)
@@ -435,7 +442,8 @@ def _plain_array(name: str, array: np.ndarray) -> np.ndarray:
 
 def _write_safetensors(path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
     names = sorted(arrays)
-    header, begin = {"__metadata__": metadata}, 0
+    header: dict[str, object] = {"__metadata__": metadata}
+    begin = 0
     for name in names:
         array = arrays[name]
         end = begin + array.nbytes
@@ -447,7 +455,7 @@ def _write_safetensors(path, arrays: dict[str, np.ndarray], metadata: dict[str, 
         begin = end
     header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
     header_bytes += b" " * (-len(header_bytes) % 8)  # as safetensors pads: data starts 8-aligned
-    chunks = [struct.pack("<Q", len(header_bytes)), header_bytes]
+    chunks: list[bytes | np.ndarray] = [struct.pack("<Q", len(header_bytes)), header_bytes]
     chunks += [arrays[name].reshape(-1).view(np.uint8) for name in names]
     _atomic_write(path, chunks)
 
@@ -575,7 +583,8 @@ def _read_tensor(f, data_start: int, e: _Entry, path) -> np.ndarray:
     # One read into a fresh buffer: the array owns aligned memory and outlives the file.
     buffer = np.empty(e.end - e.begin, np.uint8)
     f.seek(data_start + e.begin)
-    view, filled = memoryview(buffer), 0
+    # numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12; 3.11 has the C protocol.
+    view, filled = memoryview(buffer), 0  # type: ignore[arg-type]
     while filled < len(buffer):
         n = f.readinto(view[filled:])
         if not n:
@@ -591,7 +600,7 @@ def _error(path, message: str) -> ValueError:
     return ValueError(f"{os.fspath(path)}: {message}")
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -608,6 +617,8 @@ def _refuse_duplicate_keys(pairs: list) -> dict:
     doc = dict(pairs)
     if len(doc) != len(pairs):  # json.loads would keep the last silently
         seen = set()
-        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise ValueError(f"duplicate key {duplicate!r}")
+        for key, _ in pairs:  # the first key to repeat
+            if key in seen:
+                raise ValueError(f"duplicate key {key!r}")
+            seen.add(key)
     return doc

@@ -2,7 +2,7 @@
 
 import dataclasses
 import math
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -105,7 +105,7 @@ def _check_scale_values(q: "QTensor", layout: "StoredLayout") -> None:
             code = int(q.scale.reshape(-1)[np.argmax(bad.reshape(-1))])
             raise ValueError(f"QTensor.scale holds the negative e4m3 block-scale code {code:#04x}")
     if layout.has_global_scale:
-        g = q.global_scale
+        g = cast(np.ndarray, q.global_scale)  # not None: __post_init__ checked it
         if not (np.isnan(g) or (np.isfinite(g) and g >= 0)):
             raise ValueError(f"QTensor.global_scale is {g!r}: NaN or finite and >= 0")
 

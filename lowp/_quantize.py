@@ -91,7 +91,7 @@ def mx_scale_bytes(amax_bits: np.ndarray, fmt: _formats.Format, mode: str) -> np
     exponent = _bits.biased_exponent(amax_bits)
     mantissa = (amax_bits & _bits.MANT_MASK).astype(np.int64)
     if mode == "floor":
-        up = 0
+        up: int | np.ndarray = 0
     elif mode == "ceil":
         up = (mantissa != 0).astype(np.int64)
     elif mode == "rceil":

@@ -39,7 +39,9 @@ class GemmSpec:
 
     def __post_init__(self):
         if (self.a is None) != (self.b is None):
-            raise ValueError(f"GemmSpec: quantize both operands or neither, got a={self.a}, b={self.b}")
+            raise ValueError(
+                f"GemmSpec: quantize both operands or neither, got a={self.a}, b={self.b}"
+            )
         for operand in (self.a, self.b):
             if operand is not None:
                 _schemes.check_scheme(operand)
@@ -60,7 +62,8 @@ class GemmSpec:
     @property
     def reusable_codes(self) -> bool:
         """True if both operands use tensorwise scaling, whose codes survive a transpose."""
-        return isinstance(self.a, _schemes.TensorScaling) and isinstance(self.b, _schemes.TensorScaling)
+        tensorwise = _schemes.TensorScaling
+        return isinstance(self.a, tensorwise) and isinstance(self.b, tensorwise)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,7 +217,7 @@ class InferenceConfig:
         return cls(weight=weight, activation=activation)
 
 
-_PRESETS = {
+_PRESETS: dict[str, tuple[_schemes.Scheme, _schemes.Scheme | None]] = {
     "float8_tensorwise": (_schemes.TensorScaling(_E4M3), _schemes.TensorScaling(_E4M3)),
     "float8_rowwise": (_schemes.AxisScaling(_E4M3, axis=-1), _schemes.AxisScaling(_E4M3, axis=-1)),
     "float8_weight_only": (_schemes.AxisScaling(_E4M3, axis=-1), None),

@@ -79,7 +79,9 @@ def random_source(rounding: str, random_bits, seed, offset_is_zero: bool, name: 
         raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
     if rounding == "nearest":
         if random_bits is not None or seed is not None or not offset_is_zero:
-            raise ValueError(f"{name}: random_bits, seed and offset apply to rounding='stochastic' only")
+            raise ValueError(
+                f"{name}: random_bits, seed and offset apply to rounding='stochastic' only"
+            )
         return "none"
     if (random_bits is None) == (seed is None):
         raise ValueError(f"{name}: rounding='stochastic' needs exactly one of random_bits or seed")

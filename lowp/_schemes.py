@@ -272,7 +272,7 @@ def from_spec(spec: str) -> Scheme:
         raise ValueError(f"unknown scheme kind {kind!r} in {spec!r}; expected one of {tuple(_SPEC_KINDS)}")
     scheme_type = _SPEC_KINDS[kind]
     fields = {f.name: f.type for f in dataclasses.fields(scheme_type)}
-    kwargs = {}
+    kwargs: dict[str, object] = {}
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
         if key in kwargs:

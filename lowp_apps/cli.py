@@ -105,7 +105,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_arguments(
         sub.add_parser(
             "demo",
-            help="MiniLM quantized in PyTorch and JAX: identical bytes, fidelity, a checkpoint round trip",
+            help=(
+                "MiniLM quantized in PyTorch and JAX: identical bytes, fidelity, "
+                "a checkpoint round trip"
+            ),
             description=demo.__doc__.split("\n\n")[0],
         )
     )
@@ -329,7 +332,8 @@ def _chosen_schemes(values: list[str] | None) -> dict:
             chosen[name] = extend.from_spec(name)
         except (TypeError, ValueError) as err:
             raise _UsageError(
-                f"unknown scheme {name!r}: not a preset ({', '.join(known)}) nor a scheme spec ({err})"
+                f"unknown scheme {name!r}: not a preset ({', '.join(known)}) "
+                f"nor a scheme spec ({err})"
             ) from None
     return chosen
 

@@ -315,7 +315,8 @@ def parse_presets(text: str) -> list[str]:
     unknown = [p for p in presets if p not in names]
     if unknown or not presets:
         raise _CannotRun(
-            f"--presets {text!r}: unknown {unknown or 'empty'}; choose from {', '.join(names)} or 'all'"
+            f"--presets {text!r}: unknown {unknown or 'empty'}; "
+            f"choose from {', '.join(names)} or 'all'"
         )
     return presets
 

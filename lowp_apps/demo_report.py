@@ -29,7 +29,7 @@ def marks(stream=None) -> dict[bool, str]:
 def to_json(result) -> dict:
     """The result as plain JSON values, with each preset's and the overall verdict."""
     doc = dataclasses.asdict(result)
-    for entry, preset in zip(doc["presets"], result.presets):
+    for entry, preset in zip(doc["presets"], result.presets, strict=True):
         entry["ok"] = preset.ok
     doc["ok"] = result.ok
     return doc
@@ -85,7 +85,10 @@ def _fidelity_section(result, mark) -> list[str]:
     pairs = len(minilm.SENTENCE_PAIRS)
     intro = [
         f"2. Embedding fidelity against the unquantized model over {result.sentences} sentences:",
-        f"   cosine, and whether all {pairs} pairs keep every paraphrase above every unrelated pair",
+        (
+            f"   cosine, and whether all {pairs} pairs keep every paraphrase above every "
+            "unrelated pair"
+        ),
     ]
     header = ["preset"]
     for name in result.frameworks:
@@ -176,7 +179,8 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
     def line(cells):
         first = cells[0].ljust(widths[0])
-        return "   " + "  ".join([first] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:])])
+        rest = [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
+        return "   " + "  ".join([first, *rest])
 
     return [line(header), "   " + "-" * (sum(widths) + 2 * (len(widths) - 1))] + [
         line(r) for r in rows
@@ -271,14 +275,15 @@ def _draw_cosines(ax, result) -> None:
     framework: points, not bars, since the axis does not start at zero."""
     presets = [p.preset for p in result.presets]
     offsets = [(i - (len(result.frameworks) - 1) / 2) * 0.3 for i in range(len(result.frameworks))]
-    for offset, (name, marker) in zip(offsets, zip(result.frameworks, "os")):
+    # A marker a framework ("o", "s"): the demo compares two.
+    for offset, name, marker in zip(offsets, result.frameworks, "os", strict=False):
         xs = [x + offset for x in range(len(presets))]
         means = [p.fidelity[name].mean_cosine for p in result.presets]
         mins = [p.fidelity[name].min_cosine for p in result.presets]
         ax.vlines(xs, mins, means, color="0.6", linewidth=1)
         ax.scatter(xs, means, marker=marker, s=50, label=f"{name}: mean (line down to the min)")
         if len(presets) <= 4:  # more would crowd; the table above has the means too
-            for x, m in zip(xs, means):
+            for x, m in zip(xs, means, strict=True):
                 ax.annotate(
                     f"{m:.4f}",
                     (x, m),
@@ -312,8 +317,8 @@ def _draw_pairs(ax, result) -> None:
         kept = "kept" if p.fidelity[first].ranking_preserved else "LOST"
         # Not blue/orange: those are PyTorch/JAX in the panel beside this one.
         for is_para, color in ((True, "tab:green"), (False, "tab:purple")):
-            x = [r for r, q in zip(reference, paraphrase) if q == is_para]
-            y = [c for c, q in zip(ys, paraphrase) if q == is_para]
+            x = [r for r, q in zip(reference, paraphrase, strict=True) if q == is_para]
+            y = [c for c, q in zip(ys, paraphrase, strict=True) if q == is_para]
             label = f"{p.preset} (ranking {kept})" if is_para else None
             ax.scatter(x, y, marker=markers[i % len(markers)], color=color, alpha=0.7, label=label)
     lo = min([*reference, *(c for p in result.presets for c in p.fidelity[first].pair_cosines)])

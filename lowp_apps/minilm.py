@@ -596,8 +596,8 @@ def pair_cosines(embeddings: np.ndarray) -> list[float]:
 
 def ranking_preserved(cosines: list[float]) -> bool:
     """Every paraphrase pair scores above every unrelated pair."""
-    para = [c for c, p in zip(cosines, SENTENCE_PAIRS) if p.paraphrase]
-    other = [c for c, p in zip(cosines, SENTENCE_PAIRS) if not p.paraphrase]
+    para = [c for c, p in zip(cosines, SENTENCE_PAIRS, strict=True) if p.paraphrase]
+    other = [c for c, p in zip(cosines, SENTENCE_PAIRS, strict=True) if not p.paraphrase]
     return min(para) > max(other)
 
 
@@ -617,7 +617,8 @@ def fidelity_report(rows: list[dict]) -> str:
             f"{r['preset']:<20}{r['mean_cosine']:10.5f}{r['min_cosine']:10.5f}  {kept}   {sqnr}"
         )
     lines.append(
-        "L0 is the embedding output (no linear layer, not quantized), L1.. each encoder layer (SQNR dB)."
+        "L0 is the embedding output (no linear layer, not quantized), "
+        "L1.. each encoder layer (SQNR dB)."
     )
     return "\n".join(lines)
 

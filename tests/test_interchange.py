@@ -232,6 +232,8 @@ def test_scheme_fields_table_matches_the_dataclasses():
         assert scheme_type.__name__ == kind
         assert list(fields) == [f.name for f in dataclasses.fields(scheme_type)], kind
     assert {t for t, _ in _interchange.SCHEME_FIELDS.values()} == set(lowp._schemes.SCHEME_TYPES)
+    with_axis = {t for t, fields in _interchange.SCHEME_FIELDS.values() if "axis" in fields}
+    assert set(_interchange._AXIS_SCHEMES) == with_axis
 
 
 # --- Interoperability with the safetensors package ---

@@ -84,7 +84,14 @@ def test_frontends_and_applications_use_the_core_through_lowp_and_lowp_extend(pa
     for path in _sources(package):
         for line, name in _imports(path):
             core_module = name.partition(".")[0] == "lowp"
-            if core_module and name not in CORE_PUBLIC_MODULES and name.split(".")[1].startswith("_"):
+            if (
+                core_module
+                and name not in CORE_PUBLIC_MODULES
+                and name.split(".")[1].startswith("_")
+            ):
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
-        wrong += [f"{path.relative_to(ROOT)}:{line} uses {text}" for line, text in _private_core_attributes(path)]
+        wrong += [
+            f"{path.relative_to(ROOT)}:{line} uses {text}"
+            for line, text in _private_core_attributes(path)
+        ]
     assert not wrong, "private core names outside the core:\n" + "\n".join(wrong)

@@ -5,9 +5,12 @@
 | numpy               | `lowp` itself (the reference), on a non-contiguous view     |
 | torch_cpu           | `lowp_torch`, eager, on the CPU                             |
 | torch_cuda_eager    | `lowp_torch`, eager, on CUDA                                |
-| torch_cuda_compiled | `lowp_torch` under `torch.compile(fullgraph=True, dynamic=False)` on CUDA: the Triton casts' custom ops, and (as an alternate) Inductor's kernels of the torch ops |
+| torch_cuda_compiled | `lowp_torch` under `torch.compile` on CUDA (see below)      |
 | jax_cpu             | `lowp_jax` under `jax.jit`, on the CPU device               |
 | jax_gpu             | `lowp_jax` under `jax.jit`, on the GPU device               |
+
+torch_cuda_compiled compiles with `fullgraph=True, dynamic=False` and runs the Triton
+casts' custom ops, and (as an alternate) Inductor's kernels of the torch ops.
 
 Each backend quantizes and dequantizes in one function (one graph where it compiles),
 so fusion across the two is exercised as a user's code would exercise it. The numpy
@@ -121,7 +124,7 @@ class TorchBackend:
 
         with self._dynamo_limits(), lowp_torch.cast_kernels(kernels):
             q, outs = self._roundtrip(config, kernels)(t)
-        dequantized = {d: _torch_to_numpy(o) for d, o in zip(config.out_dtypes, outs)}
+        dequantized = {d: _torch_to_numpy(o) for d, o in zip(config.out_dtypes, outs, strict=True)}
         return q, {"quantized": lowp_torch.to_lowp(q), "dequantized": dequantized}
 
     @staticmethod
@@ -212,7 +215,7 @@ class JaxBackend:
 
         device = self._device()
         q, outs = self._roundtrip(config)(jax.device_put(x, device))
-        dequantized = {d: np.asarray(o) for d, o in zip(config.out_dtypes, outs)}
+        dequantized = {d: np.asarray(o) for d, o in zip(config.out_dtypes, outs, strict=True)}
         got = {"quantized": lowp_jax.to_lowp(q), "dequantized": dequantized}
         if config.extras:
             if blockable(config.scheme, config.shape):

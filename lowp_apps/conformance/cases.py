@@ -95,7 +95,8 @@ def scheme_kind(scheme) -> str:
 
 
 def scheme_id(scheme) -> str:
-    """A short readable id: MXScaling(fmt='float8_e4m3fn', block=8, mode='ceil') -> mx-e4m3fn-block=8-mode=ceil."""
+    """A short readable id, e.g. MXScaling(fmt='float8_e4m3fn', block=8, mode='ceil') ->
+    mx-e4m3fn-block=8-mode=ceil."""
     parts = [scheme_kind(scheme), scheme.fmt.split("_", 1)[1]]
     for field in dataclasses.fields(scheme):
         value = getattr(scheme, field.name)

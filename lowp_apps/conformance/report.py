@@ -47,14 +47,17 @@ def matrix_text(
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines.append("")
     for row in [header, ["-" * w for w in widths], *rows]:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     lines += [
         "",
         (
             f"{marks['pass']} N: N cases, all byte-identical to the NumPy reference; "
             f"{marks['fail']} M/N: M of N cases differ."
         ),
-        "A case is one edge-case input of one configuration (scheme, shape, input dtype, rounding).",
+        (
+            "A case is one edge-case input of one configuration "
+            "(scheme, shape, input dtype, rounding)."
+        ),
     ]
     failures = [(r.name, f) for r in runs for f in r.failures]
     if failures:
