@@ -184,6 +184,19 @@ class QArray:
         scale = store(scale, extend.scale_format(self.scheme))
         return dataclasses.replace(self, scale=scale, scale_layout=layout)
 
+    def __jax_array__(self):
+        # jnp.asarray(q) and every jnp function given a QArray land here: refuse with the
+        # way out, instead of JAX's "dtype object is not a valid JAX array type".
+        raise TypeError(
+            f"a lowp_jax.QArray ({self.scheme}, shape {self.shape}) holds codes and scales, "
+            "not an array: lowp_jax.dequantize(q) gives its values. A flax layer given QArray "
+            "kernels must run lowp's dot and leave them quantized: convert the model with "
+            "lowp_jax.nnx.quantize_model(model, config), apply a linen model inside "
+            "`with lowp_jax.linen.quantized(config):`, or give the layer "
+            "dot_general=lowp_jax.QuantizedDotGeneral(config) and "
+            "promote_dtype=lowp_jax.nnx.promote_dtype"
+        )
+
     def __repr__(self):
         def leaf(value):  # after jax.tree.map the leaves may be anything (None, a spec, ...)
             if hasattr(value, "dtype") and hasattr(value, "shape"):

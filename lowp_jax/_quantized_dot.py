@@ -82,6 +82,13 @@ class QuantizedDotGeneral:
                     f"a QArray kernel is a rank-2 (out, in) weight contracted along one dim; got "
                     f"shape {rhs.shape} and rhs contracting dims {rhs_contract}"
                 )
+            if rhs.scheme != self.config.weight:
+                raise ValueError(
+                    f"the QArray kernel was quantized with {rhs.scheme}, but this layer's "
+                    f"config quantizes weights with {self.config.weight}: give the layer the "
+                    "config its kernels were quantized with (the one given to "
+                    "lowp_jax.quantize_params)"
+                )
             # flax names the kernel's dims as (in, out); the QArray holds (out, in).
             (lhs_contract, _), batch = dimension_numbers
             dimension_numbers = ((lhs_contract, (1 - rhs_contract[0],)), batch)

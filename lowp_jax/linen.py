@@ -2,13 +2,16 @@
 
 `flax.linen.Dense(dot_general_cls=lowp_jax.dot_general_cls(config))` quantizes a
 high-precision kernel at each call. For kernels that are already QArrays (from
-`lowp_jax.quantize_params` or `lowp_jax.load_quantized`) use `Dense` here: linen's
-own Dense checks a stored parameter against the (in, out) shape it would initialize,
-which a QArray's (out, in) codes are not. For training,
+`lowp_jax.quantize_params` or `lowp_jax.load_quantized`), apply a model written with
+plain `nn.Dense` layers inside `with quantized(config):`, which runs every Dense whose
+kernel is a QArray on lowp's dot (linen's own Dense would check the stored parameter
+against the (in, out) shape it initializes, which a QArray's (out, in) codes are not),
+or build the model with `Dense` here. For training,
 `flax.linen.Dense(dot_general_cls=lowp_jax.training_dot_general_cls(recipe))` or
 `Dense(features, recipe=recipe)` here.
 """
 
+import contextlib
 from typing import Any
 
 import flax.linen as nn
@@ -95,4 +98,60 @@ class Dense(nn.Module):
         return y
 
 
-__all__ = ["Dense", "promote_dtype"]
+@contextlib.contextmanager
+def quantized(config, impl: str = "auto"):
+    """Inside the block, every `flax.linen.Dense` whose kernel is a QArray runs lowp's
+    quantized dot: a model written with plain `nn.Dense` layers applies the parameters
+    `lowp_jax.quantize_params` (or `load_quantized`) made, unchanged.
+
+    A Dense with a high-precision kernel runs as linen runs it. The QArray kernel is
+    (out, in) (spec §9); the input is quantized with `config.activation` at each call
+    (none: weight-only), the bias added in the input's dtype, as `Dense` here does. The
+    interception happens while the model is traced: jit the function that calls
+    `apply` inside the block (a function traced outside it runs linen's Dense).
+
+    Args:
+      config: the `lowp.InferenceConfig` or preset name the kernels were quantized with;
+        a kernel quantized with another weight scheme is refused, naming the layer.
+      impl: the `lowp_jax.dot_general` branch ("auto").
+
+    >>> import jax, jax.numpy as jnp, flax.linen as nn, lowp_jax, lowp_jax.linen
+    >>> model = nn.Sequential([nn.Dense(64), nn.relu, nn.Dense(8)])
+    >>> params = model.init(jax.random.key(0), jnp.ones((1, 32)))
+    >>> qparams = lowp_jax.quantize_params(params, "mxfp8")
+    >>> with lowp_jax.linen.quantized("mxfp8"):
+    ...     y = model.apply(qparams, jnp.ones((2, 32)))
+    >>> y.shape
+    (2, 8)
+    """
+    dot = _quantized_dot.QuantizedDotGeneral(config, impl)
+
+    def run_quantized(next_fun, args, kwargs, context):
+        module = context.module
+        if (
+            context.method_name != "__call__"
+            or not isinstance(module, nn.Dense)
+            or not module.has_variable("params", "kernel")
+            or not isinstance(module.get_variable("params", "kernel"), _qarray.QArray)
+        ):
+            return next_fun(*args, **kwargs)
+        (inputs,) = args
+        kernel = module.get_variable("params", "kernel")
+        in_features = jnp.shape(inputs)[-1]
+        if kernel.shape != (module.features, in_features):
+            raise ValueError(
+                f"{'/'.join(module.path)}: the QArray kernel is {kernel.shape}, expected "
+                f"(out, in) = {(module.features, in_features)}"
+            )
+        bias = module.get_variable("params", "bias") if module.use_bias else None
+        inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=module.dtype)
+        y = dot(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=module.precision)
+        if bias is not None:
+            y += jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
+        return y
+
+    with nn.intercept_methods(run_quantized):
+        yield
+
+
+__all__ = ["Dense", "promote_dtype", "quantized"]
