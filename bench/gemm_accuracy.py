@@ -80,10 +80,7 @@ def jax_product(a, b, precision, form: str, out_dtype) -> tuple[np.ndarray, bool
     output, whether the compiled module runs it as cuBLASLt's fp8 GEMM). At these
     sizes XLA may give the bf16_scalar form to a Triton GEMM fusion instead
     (`_dot.BF16_OUTPUT_MIN_MACS`), which has no fast accumulation to measure."""
-    saved = _dot.GEMM_OUTPUT, _dot.BF16_OUTPUT_MIN_MACS
-    _dot.GEMM_OUTPUT = "auto" if form == "bf16_scalar" else "float32"
-    _dot.BF16_OUTPUT_MIN_MACS = 0
-    try:
+    with lowp_jax.gemm_output("auto" if form == "bf16_scalar" else "float32", bf16_min_macs=0):
         written = _dot._gemm_output_form(
             a.scheme, b.scheme, out_dtype, a.shape[0] * a.shape[1] * b.shape[0], precision
         )
@@ -93,8 +90,6 @@ def jax_product(a, b, precision, form: str, out_dtype) -> tuple[np.ndarray, bool
         compiled = fn.lower(a, b).compile()
         on_cublaslt = jax_training.FP8_GEMM in compiled.as_text()
         return np.asarray(compiled(a, b).astype(jnp.float32)), on_cublaslt
-    finally:
-        _dot.GEMM_OUTPUT, _dot.BF16_OUTPUT_MIN_MACS = saved
 
 
 def torch_fp8_gemm():

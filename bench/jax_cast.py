@@ -32,7 +32,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import lowp
 import lowp_jax
 from bench.jax_dense import time_ms
-from lowp_jax import _pallas_cast, _quantize
+from lowp_jax import _quantize
 
 SCHEMES = {"tensorwise": lowp.TensorScaling(), "rowwise": lowp.AxisScaling(axis=-1)}
 SHAPES = ((8192, 8192), (16384, 16384))
@@ -40,12 +40,13 @@ SMALL_SHAPES = ((256, 512),)
 
 
 def _quantize_fn(scheme, pallas: bool, form: str = "plain"):
-    """A fresh jit of lowp_jax.quantize with the kernel on or off (the switch is read
-    when the computation is traced, so each gets its own trace). form "plain" quantizes
-    x; "transposed" quantizes x.T (what the training backward asks of rowwise x and dy);
-    "axis0" gives the same bytes from x's columns (AxisScaling(axis=0)), then transposes
-    the 1-byte codes instead of the 2-byte input; "quantize_transposed" gives them from
-    x's columns with the transposed kernel writing the codes (`_quantize.quantize_transposed`)."""
+    """A fresh jit of lowp_jax.quantize with the kernel on or off (`lowp_jax.cast_kernels`
+    is read when the computation is traced and is part of jit's cache key, so each gets
+    its own trace). form "plain" quantizes x; "transposed" quantizes x.T (what the
+    training backward asks of rowwise x and dy); "axis0" gives the same bytes from x's
+    columns (AxisScaling(axis=0)), then transposes the 1-byte codes instead of the
+    2-byte input; "quantize_transposed" gives them from x's columns with the transposed
+    kernel writing the codes (`_quantize.quantize_transposed`)."""
 
     def run(x):
         if form == "quantize_transposed":
@@ -58,20 +59,10 @@ def _quantize_fn(scheme, pallas: bool, form: str = "plain"):
         return q.codes, q.scale
 
     def traced(x):
-        _pallas_cast.ENABLED = pallas
-        _clear_traces()  # the cached traces were made with the other setting
-        try:
+        with lowp_jax.cast_kernels("auto" if pallas else "xla"):
             return jax.jit(run).lower(x).compile()
-        finally:
-            _pallas_cast.ENABLED = True
-            _clear_traces()
 
     return traced
-
-
-def _clear_traces():
-    _quantize._quantize.clear_cache()
-    _quantize._quantize_transposed.clear_cache()
 
 
 def _bytes(q) -> tuple[np.ndarray, np.ndarray]:

@@ -59,9 +59,7 @@ def probe(m: int, k: int, n: int, precision) -> str:
 def main(argv=None) -> list[str]:
     shapes = SHAPES if not argv else [tuple(map(int, s.split("x"))) for s in argv]
     lines = []
-    default = _dot.BF16_OUTPUT_MIN_MACS
-    _dot.BF16_OUTPUT_MIN_MACS = 0  # the form at every shape
-    try:
+    with lowp_jax.gemm_output("auto", bf16_min_macs=0):  # the form at every shape
         for m, k, n in shapes:
             for precision in (lax.Precision.DEFAULT, lax.Precision.HIGHEST):
                 start = time.time()
@@ -71,8 +69,6 @@ def main(argv=None) -> list[str]:
                     f"({time.time() - start:.1f} s)"
                 )
                 print(lines[-1], flush=True)
-    finally:
-        _dot.BF16_OUTPUT_MIN_MACS = default
     return lines
 
 

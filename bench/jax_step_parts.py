@@ -49,22 +49,21 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import lowp_jax
 from bench import _timing, jax_training
 from lowp_apps.conformance import gemm as _gemm_conformance
-from lowp_jax import _dot, _pallas_cast
 
 RECIPES = ("float8_tensorwise", "float8_rowwise", "float8_rowwise_gw_hp")
 SHAPES = ((16384, 4096, 14336), (16384, 8192, 8192))
 A_BT = (((1,), (1,)), ((), ()))
 GEMMS = ("forward", "dgrad", "wgrad")
 # Step variants: a lowp_jax switch set away from its default while the step is traced
-# (module, attribute, value), and the recipes whose step it changes. "xT_copy": the
-# backward's transposed rowwise operands from a high-precision x.T copy instead of the
-# transposed cast kernel. A variant step's row says how its y, dx and dw differ from
-# the default step's (`outputs_differ`).
+# (a function returning its `with` block), and the recipes whose step it changes.
+# "xT_copy": the backward's transposed rowwise operands from a high-precision x.T copy
+# instead of the transposed cast kernel. A variant step's row says how its y, dx and dw
+# differ from the default step's (`outputs_differ`).
 VARIANTS = {
     # float8_rowwise_gw_hp has no transposed rowwise operand: its dgrad's w is tensorwise
-    "xT_copy": ((_pallas_cast, "TRANSPOSED", False), ("float8_rowwise",)),
+    "xT_copy": (lambda: lowp_jax.cast_kernels("auto", transposed=False), ("float8_rowwise",)),
     # the fp8 GEMM writing float32 where the default writes bfloat16 (`_dot._fp8_dot`)
-    "f32_out": ((_dot, "GEMM_OUTPUT", "float32"), ("float8_tensorwise",)),
+    "f32_out": (lambda: lowp_jax.gemm_output("float32"), ("float8_tensorwise",)),
 }
 
 
@@ -73,19 +72,12 @@ def step_label(recipe: str, variant: str | None = None) -> str:
     return recipe + (f" ({variant})" if variant else "")
 
 
-@contextlib.contextmanager
 def switched(variant: str | None):
     """lowp_jax with `variant`'s switch set (no change for None), restored after."""
     if variant is None:
-        yield
-        return
-    (module, attribute, value), _ = VARIANTS[variant]
-    default = getattr(module, attribute)
-    setattr(module, attribute, value)
-    try:
-        yield
-    finally:
-        setattr(module, attribute, default)
+        return contextlib.nullcontext()
+    block, _ = VARIANTS[variant]
+    return block()
 
 
 def step_call(impl: str, recipe: str | None, x, w, dy, variant: str | None = None):

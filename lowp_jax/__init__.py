@@ -15,12 +15,17 @@ wgrad GEMMs on operands quantized at each call (a `jax.custom_vjp`, stateless);
 `TrainingDotGeneral` / `training_dot_general_cls` put it into flax layers,
 `training_operands` returns the quantized operands of every GEMM, and `to_inference`
 turns the trained parameters or nnx model into the `quantize_params` form.
+
+Switches, each a scoped context manager read when a computation is traced:
+`cast_kernels("xla")` keeps the float8 casts off the Pallas kernel, and
+`gemm_output("float32")` has every fp8 GEMM write float32.
 """
 
 import importlib
 
-from lowp_jax._dot import dot_general, dot_general_impl, scaled_matmul_problem
+from lowp_jax._dot import dot_general, dot_general_impl, gemm_output, scaled_matmul_problem
 from lowp_jax._fake_quant import fake_quantize
+from lowp_jax._pallas_cast import cast_kernels
 from lowp_jax._params import load_quantized, quantize_params, save_quantized, to_inference
 from lowp_jax._qarray import QArray, from_lowp, to_lowp
 from lowp_jax._quantize import dequantize, quantize
@@ -37,12 +42,14 @@ __all__ = [
     "QArray",
     "QuantizedDotGeneral",
     "TrainingDotGeneral",
+    "cast_kernels",
     "dequantize",
     "dot_general",
     "dot_general_cls",
     "dot_general_impl",
     "fake_quantize",
     "from_lowp",
+    "gemm_output",
     "load_quantized",
     "quantize",
     "quantize_params",

@@ -45,7 +45,7 @@ from jax import lax
 
 import lowp
 from lowp import extend
-from lowp_jax import _devices, _encode, _layouts, _qarray, _quantize
+from lowp_jax import _devices, _encode, _layouts, _qarray, _quantize, _switches
 from lowp_jax import _dot_operands as _operands
 
 logger = logging.getLogger("lowp_jax")
@@ -452,31 +452,74 @@ def _fp8_dot(
     return y.reshape(lead + (b.shape[0],))
 
 
-# "auto" (`_gemm_output_form`), or "float32": the float32 form for every operand pair,
-# what bench/jax_step_parts.py's variant "f32_out" times against the default.
-GEMM_OUTPUT = "auto"
-
-# M·K·N from which the tensorwise bfloat16 form runs. Measured on the H200 (jax 0.11.2,
-# bench/jax_gemm_form.py, bench/results/h200_jax_gemm_form_l.txt): XLA compiled the form
-# to cuBLASLt's fp8 GEMM writing bfloat16 at 2**38, 2**39 and 2**40 multiply-adds at
-# both precisions, but gave it to a Triton GEMM fusion at 2**35, at 2**37 with
-# Precision.HIGHEST and, in the training step, at 512x1024x2048 (2**30). The training
+# M·K·N from which the tensorwise bfloat16 form runs (`gemm_output`'s default). Measured
+# on the H200 (jax 0.11.2, bench/jax_gemm_form.py, bench/results/h200_jax_gemm_form_l.txt):
+# XLA compiled the form to cuBLASLt's fp8 GEMM writing bfloat16 at 2**38, 2**39 and 2**40
+# multiply-adds at both precisions, but gave it to a Triton GEMM fusion at 2**35, at 2**37
+# with Precision.HIGHEST and, in the training step, at 512x1024x2048 (2**30). The training
 # layers quantize from `extend.MIN_MACS` = 2**39 up on such a GPU, so every
 # fp8 training GEMM they run is past it.
 BF16_OUTPUT_MIN_MACS = 2**39
 
+GEMM_OUTPUTS = ("auto", "float32")
+_GEMM_OUTPUT = _switches.Switch(("auto", BF16_OUTPUT_MIN_MACS))  # (form, bf16_min_macs)
+
+
+def gemm_output(form: str = "auto", *, bf16_min_macs: int = BF16_OUTPUT_MIN_MACS):
+    """Inside the block, lowp_jax's fp8 GEMMs (`dot_general`'s "fp8" branch and the
+    training recipes' GEMMs) write `form`'s output.
+
+    Args:
+      form: "auto" (the default: the GEMM writes bfloat16 with the scalar scale folded
+        into it for two tensorwise operands, a bfloat16 output, M·K·N of at least
+        `bf16_min_macs`, and fast accumulation or power-of-two scales on both; float32
+        otherwise, scaled and rounded once after) or "float32" (float32 for every
+        operand pair). See `_fp8_dot` for why the bfloat16 form is limited so.
+      bf16_min_macs: M·K·N from which "auto" takes the bfloat16 form; 0 takes it at
+        every size, where XLA may give small dots to a Triton GEMM fusion instead of
+        cuBLASLt's fp8 GEMM.
+
+    For measuring one form against the other (the benchmarks run a training step and
+    single GEMMs under each), and for tests to reach the bfloat16 form at the sizes a
+    CPU can check. Scoped like `lowp_jax.cast_kernels`: a context manager undone on
+    exit, process-wide and thread-safe. The setting is read when a computation is
+    traced and is part of what jit's caches key on (`lowp_jax._switches`): a jitted
+    function called under another setting is traced again, one compiled inside the
+    block keeps the block's setting.
+
+    >>> import jax, jax.numpy as jnp, lowp_jax
+    >>> x = jnp.full((2, 8), 3.0, jnp.bfloat16)
+    >>> def dot(x):
+    ...     dims = (((1,), (1,)), ((), ()))
+    ...     return lowp_jax.dot_general(x, x, dims, config="float8_tensorwise", impl="fp8")
+    >>> with lowp_jax.gemm_output("auto", bf16_min_macs=0):  # bfloat16 at any size
+    ...     jaxpr = str(jax.make_jaxpr(dot)(x))
+    >>> "preferred_element_type=bfloat16" in jaxpr
+    True
+    >>> with lowp_jax.gemm_output("float32"):
+    ...     y = dot(x)
+    >>> y.tolist()
+    [[72.0, 72.0], [72.0, 72.0]]
+    """
+    if form not in GEMM_OUTPUTS:
+        raise ValueError(f"gemm_output form must be one of {GEMM_OUTPUTS}, got {form!r}")
+    if isinstance(bf16_min_macs, bool) or not isinstance(bf16_min_macs, int) or bf16_min_macs < 0:
+        raise ValueError(f"bf16_min_macs must be an int >= 0, got {bf16_min_macs!r}")
+    return _GEMM_OUTPUT.setting((form, bf16_min_macs))
+
 
 def _gemm_output_form(sa, sb, out_dtype, macs: int, precision) -> str:
     """`_fp8_dot`'s form: "bf16_scalar" for two tensorwise operands, a bfloat16 output,
-    `macs` (M·K·N) of at least BF16_OUTPUT_MIN_MACS and either fast accumulation
-    (`_fast_accumulation`) or power-of-two scales on both, unless GEMM_OUTPUT is
-    "float32"; else "float32"."""
+    `macs` (M·K·N) of at least `gemm_output`'s bf16_min_macs (BF16_OUTPUT_MIN_MACS by
+    default) and either fast accumulation (`_fast_accumulation`) or power-of-two scales
+    on both, unless `gemm_output` is "float32"; else "float32"."""
+    form, bf16_min_macs = _GEMM_OUTPUT.value
     tensorwise = isinstance(sa, lowp.TensorScaling) and isinstance(sb, lowp.TensorScaling)
     if (
-        GEMM_OUTPUT == "auto"
+        form == "auto"
         and tensorwise
         and np.dtype(out_dtype) == jnp.bfloat16
-        and macs >= BF16_OUTPUT_MIN_MACS
+        and macs >= bf16_min_macs
         and (_fast_accumulation(precision) or (sa.pow2 and sb.pow2))
     ):
         return "bf16_scalar"

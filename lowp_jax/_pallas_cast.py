@@ -49,7 +49,7 @@ from jax.sharding import PartitionSpec as P
 
 import lowp
 from lowp import extend
-from lowp_jax import _bits, _devices
+from lowp_jax import _bits, _devices, _switches
 
 _FLOAT8 = {"float8_e4m3fn": jnp.float8_e4m3fn, "float8_e5m2": jnp.float8_e5m2}
 TILE_ELEMENTS = 4096  # elements a program encodes
@@ -64,11 +64,44 @@ TRANSPOSED_TILE = (64, 64)
 # The kernels index x with int32 offsets: one launch covers fewer elements than this.
 MAX_ELEMENTS = 2**31
 
-# Off: every cast goes through XLA (for measuring the two side by side).
-ENABLED = True
-# Off: a transposed cast copies x.T in high precision and takes the row kernel (for
-# measuring the transposed kernel against that copy).
-TRANSPOSED = True
+KERNEL_MODES = ("auto", "xla")
+_KERNELS = _switches.Switch(("auto", True))  # (mode, transposed): `cast_kernels`
+
+
+def cast_kernels(mode: str = "auto", *, transposed: bool = True):
+    """Inside the block, `lowp_jax.quantize` casts to float8 with `mode`'s kernels.
+
+    Args:
+      mode: "auto" (the default: the Pallas kernel where `applies` finds it can run,
+        else XLA's operations) or "xla" (always XLA's operations, also on an sm_90+
+        GPU). Both write the same bytes; "xla" is there to measure the kernel against
+        them and to keep the cast fusible with what XLA computes around it.
+      transposed: False keeps the row kernel but not the transposed one: a transposed
+        cast (`quantize_transposed`, the training backward's rowwise operands) copies
+        x.T in high precision and casts that, for measuring the transposed kernel
+        against the copy.
+
+    A context manager, as `lowp_torch.cast_kernels` is, because the casts that matter
+    for speed happen inside layers and training steps a keyword cannot reach; scoped,
+    so a test or a benchmark cannot leak its choice into the next. There is no mode
+    forcing the kernel: it is chosen per platform when the computation is lowered
+    (`lax.platform_dependent`), so a trace cannot say it will run.
+
+    The setting is read when a computation is traced, and it is part of what jit's
+    caches key on (`lowp_jax._switches`): a jitted function called under another
+    setting is traced again, and one compiled inside the block keeps the block's
+    setting when it runs outside. Process-wide and thread-safe as
+    `lowp_torch.cast_kernels` is.
+
+    >>> import jax.numpy as jnp, numpy as np, lowp, lowp_jax
+    >>> with lowp_jax.cast_kernels("xla"):
+    ...     q = lowp_jax.quantize(jnp.ones(4), lowp.TensorScaling())
+    >>> np.asarray(q.codes).view(np.uint8).tolist()
+    [126, 126, 126, 126]
+    """
+    if mode not in KERNEL_MODES:
+        raise ValueError(f"cast_kernels mode must be one of {KERNEL_MODES}, got {mode!r}")
+    return _KERNELS.setting((mode, bool(transposed)))
 
 
 def applies(
@@ -79,8 +112,12 @@ def applies(
     axis (with `transposed`: one per column, AxisScaling along axis -2, the codes written
     transposed), fewer than 2**31 elements (the kernel's offsets are int32), every GPU
     of this machine sm_90+, and not inside `shard_map` (its per-device values carry types
-    the kernel's output would have to repeat; XLA's cast runs there instead)."""
-    if not ENABLED or (transposed and not TRANSPOSED) or fmt_name not in _FLOAT8 or not shape:
+    the kernel's output would have to repeat; XLA's cast runs there instead); never
+    where `cast_kernels` turns it off."""
+    mode, transposed_kernel = _KERNELS.value
+    if mode == "xla" or (transposed and not transposed_kernel):
+        return False
+    if fmt_name not in _FLOAT8 or not shape:
         return False
     if not 0 < math.prod(shape) < MAX_ELEMENTS:
         return False

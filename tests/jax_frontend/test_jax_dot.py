@@ -267,11 +267,8 @@ def _fp8_dot_forms(
         return _dot._fp8_dot(a, b, precision, out_dtype).astype(out_dtype)
 
     y = jax.jit(product)(a, b)
-    default, _dot.GEMM_OUTPUT = _dot.GEMM_OUTPUT, "float32"
-    try:
-        y32 = jax.jit(lambda a, b: product(a, b))(a, b)  # a new function: traced again
-    finally:
-        _dot.GEMM_OUTPUT = default
+    with lowp_jax.gemm_output("float32"):
+        y32 = jax.jit(product)(a, b)  # traced again: the setting is part of jit's key
     return a, b, y, y32, jax.make_jaxpr(product)(a, b)
 
 
@@ -290,12 +287,11 @@ def _excess_over_the_bound(a, b, y) -> float:
 
 
 @pytest.fixture
-def bf16_form_at_any_size(monkeypatch):
+def bf16_form_at_any_size():
     """The tensorwise bfloat16 form down to the small dots a test can check against
     float64 (on the H200, XLA kept 512x1024x2048 on cuBLASLt at HIGHEST precision)."""
-    from lowp_jax import _dot
-
-    monkeypatch.setattr(_dot, "BF16_OUTPUT_MIN_MACS", 0)
+    with lowp_jax.gemm_output("auto", bf16_min_macs=0):
+        yield
 
 
 def test_power_of_two_tensorwise_scales_write_bfloat16_exactly(bf16_form_at_any_size):

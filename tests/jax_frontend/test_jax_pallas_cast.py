@@ -193,14 +193,13 @@ def test_where_the_kernel_applies(monkeypatch):
     assert not _pallas_cast.applies(
         lowp.AxisScaling(axis=0, fmt="float6_e3m2fn"), "float6_e3m2fn", shape, transposed=True
     )
-    monkeypatch.setattr(_pallas_cast, "ENABLED", False)
-    assert not _pallas_cast.applies(lowp.TensorScaling(), "float8_e4m3fn", shape)
-    assert not _pallas_cast.applies(columns, "float8_e4m3fn", shape, transposed=True)
-    monkeypatch.setattr(_pallas_cast, "ENABLED", True)
-    monkeypatch.setattr(_pallas_cast, "TRANSPOSED", False)  # the row kernel stays
-    assert _pallas_cast.applies(lowp.AxisScaling(axis=-1), "float8_e5m2", shape)
-    assert not _pallas_cast.applies(columns, "float8_e4m3fn", shape, transposed=True)
-    monkeypatch.setattr(_pallas_cast, "TRANSPOSED", True)
+    with lowp_jax.cast_kernels("xla"):
+        assert not _pallas_cast.applies(lowp.TensorScaling(), "float8_e4m3fn", shape)
+        assert not _pallas_cast.applies(columns, "float8_e4m3fn", shape, transposed=True)
+    with lowp_jax.cast_kernels("auto", transposed=False):  # the row kernel stays
+        assert _pallas_cast.applies(lowp.AxisScaling(axis=-1), "float8_e5m2", shape)
+        assert not _pallas_cast.applies(columns, "float8_e4m3fn", shape, transposed=True)
+    assert _pallas_cast.applies(columns, "float8_e4m3fn", shape, transposed=True)
     monkeypatch.setattr(_devices, "sm90_gpus", lambda: False)
     assert not _pallas_cast.applies(lowp.TensorScaling(), "float8_e4m3fn", shape)
 
