@@ -92,7 +92,7 @@ def time_interleaved(fns, sync, timing: Timing, same_iters: bool = False) -> lis
     Shuffled, not rotated: rotating gives each callable the same predecessor in every
     round, so whatever what ran before does to a call lands on one variant every time.
     (On the H200's host, of two identical bf16 layers the first built was 5-13 us
-    slower in all eight runs of bench/host_overhead.py, rotated and shuffled alike:
+    slower in all eight runs of bench/probes/host_overhead.py, rotated and shuffled alike:
     that offset is not the order's. 2026-11-30.)
     """
     warmups, iters = [], []

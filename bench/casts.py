@@ -115,7 +115,7 @@ TUNE_GRID = {
 }
 TUNE_GRID["rowwise_pow2"] = TUNE_GRID["rowwise"]
 TUNE_GRID["tensorwise_e5m2"] = TUNE_GRID["tensorwise"]
-# The both-orientations cast's own tile was tuned (h200_tune_e.txt: (64, 64), 32 a thread);
+# The both-orientations cast's own tile was tuned on the H200 ((64, 64), 32 a thread);
 # its amax pass's tile is tried apart from it (`_triton_casts._AMAX_TILE`).
 _AMAX_TILES = (None, (32, 256), (16, 512), (64, 256), (128, 128))
 TUNE_GRID["rowwise_both"] = {"_AMAX_TILE": _AMAX_TILES, "_AMAX_ROW_TILES": (4, 16)}

@@ -405,39 +405,11 @@ def _fp8_dot(
     (HIGHEST, scales not powers of two) keep the float32 form; under fast accumulation
     (its forward GEMM) spec §7 asks for 40 dB only.
 
-    Measured on the H200 (jax 0.11.2, 2026-11-30, bench/results/h200_jax_variants_l.json):
-    the float8_tensorwise training step at 16384x8192x8192 took 5.827 ms with this form
-    in all three GEMMs (as at 84fa4fc), against 6.471 ms with the float32 form. The
-    float32 form's device trace (h200_jax_trace_l.json) had the GEMMs writing float32,
-    0.2 ms more than flax's bfloat16-writing ones, and three passes scaling and rounding
-    their outputs, 0.47 ms, of which the forward's took 0.19 ms. With the form in all
-    three GEMMs, 1 element in 5 of y and dx and 2 in 5 of dw differed by an ulp. With it
-    in the forward GEMM only, as now, the step took 6.200 ms against 6.443 ms for the
-    float32 form at 16384x8192x8192, and 5.522 against 5.834 ms at 16384x4096x14336
-    (7f48d84, h200_jax_steps_m_*.json); dx and dw did not change. XLA's autotuner
-    may give smaller dots of this form to a Triton GEMM fusion instead
-    (`BF16_OUTPUT_MIN_MACS`); the float32 form stays on cuBLASLt.
-
-    Row or column scales keep the float32 form. XLA folds no vector scales into its
-    fp8 GEMM, and the bfloat16-output forms tried for them did not pay on the H200
-    (jax 0.11.2):
-    - scaled right after the dot: XLA fused the scaling into a GEMM that was no
-      cuBLASLt fp8 GEMM (the rowwise training step kept 1 of its 3);
-    - with an optimization barrier before the scaling (exact for power-of-two scales):
-      512x1024x2048 dots went to Triton GEMMs; the rowwise training step at
-      16384x8192x8192 took 6.501 ms against 6.643 ms in the float32 form, 2%, and
-      float8_rowwise_gw_hp's 7.659 against 7.748 ms (h200_jax_variants_l.json);
-    - a bfloat16 output converted to float32 before a float32 scale (tensorwise too):
-      XLA gave the dot to a Triton GEMM fusion, even at 2048x4096x4096.
-
-    The codes go into the dot as they are, not in XLA's dequantize pattern (a dot of
-    `convert(codes) * scale`, whose scalar scales XLA folds into cuBLASLt): measured on
-    the H200 (jax 0.11.2), that pattern reaches the fp8 GEMM only when the codes are
-    inputs of the computation. With the activation quantized in the same jit, XLA's
-    Triton GEMM fusion takes the dot first and runs it in float32: 4x slower when
-    quantize was XLA ops, and still so with the Pallas cast, whose output XLA cannot
-    fuse (the tensorwise training step at 16384x8192x8192: 103.4 ms and no fp8 GEMM,
-    against 6.23 ms for the float32 form, 2026-11-30).
+    Row or column scales keep the float32 form: XLA folds no vector scales into its fp8
+    GEMM. The codes go into the dot as they are, not in XLA's dequantize pattern (a dot
+    of `convert(codes) * scale`), which reaches the fp8 GEMM only when the codes are
+    inputs of the computation. What each form cost on the H200, and the forms tried and
+    dropped: docs/performance.md, "Where the time goes (JAX)".
     """
     lead, k = a.shape[:-1], a.shape[-1]
     codes_a = a.codes.reshape(-1, k)
@@ -452,13 +424,10 @@ def _fp8_dot(
     return y.reshape(lead + (b.shape[0],))
 
 
-# M·K·N from which the tensorwise bfloat16 form runs (`gemm_output`'s default). Measured
-# on the H200 (jax 0.11.2, bench/jax_gemm_form.py, bench/results/h200_jax_gemm_form_l.txt):
-# XLA compiled the form to cuBLASLt's fp8 GEMM writing bfloat16 at 2**38, 2**39 and 2**40
-# multiply-adds at both precisions, but gave it to a Triton GEMM fusion at 2**35, at 2**37
-# with Precision.HIGHEST and, in the training step, at 512x1024x2048 (2**30). The training
-# layers quantize from `extend.MIN_MACS` = 2**39 up on such a GPU, so every
-# fp8 training GEMM they run is past it.
+# M·K·N from which the tensorwise bfloat16 form runs (`gemm_output`'s default): below it
+# XLA's autotuner may give the form to a Triton GEMM fusion instead of cuBLASLt's fp8 GEMM
+# (docs/performance.md, "Where the time goes (JAX)"). The training layers quantize from
+# `extend.MIN_MACS` = 2**39 up on such a GPU, so every fp8 training GEMM they run is past it.
 BF16_OUTPUT_MIN_MACS = 2**39
 
 GEMM_OUTPUTS = ("auto", "float32")

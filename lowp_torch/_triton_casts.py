@@ -56,7 +56,7 @@ _AMAX_ROW_TILES = 4  # column maxima: tiles a program stacks per atomic, at most
 # The amax pass of AxisScaling's column groups stores no codes, so its tile need not be
 # the cast's: a wider one takes fewer row-maximum atomics a row (C / BLOCK_C of them).
 # None: _TILE_COLS. On the H200 this pass (over x, w and dy) took 0.35 ms of the 0.84 ms
-# of casts in a float8_rowwise 16384x4096x14336 step (bench/results/h200_profile_linear_i.txt),
+# of casts in a float8_rowwise 16384x4096x14336 step (bench/results/2026-11-30_f14ba58_profile_linear.txt),
 # against 0.17 ms for its bytes; `bench/casts.py --tune --rows rowwise_both` tries others.
 _AMAX_TILE = None
 

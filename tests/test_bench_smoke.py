@@ -243,10 +243,10 @@ def test_the_sweep_times_bf16_and_the_recipes_together(small_run):
 
 @pytest.mark.slow
 def test_host_overhead_bench_times_the_fallback_and_its_parts(tmp_path):
-    """bench/host_overhead.py on this CPU (the kernel check faked, then restored): every
+    """bench/probes/host_overhead.py on this CPU (the kernel check faked, then restored): every
     variant is timed and written out, and --profile reports the step's events and Python
     calls of bf16 and lowp. (No timing is asserted: that is the GPU's run.)"""
-    from bench import host_overhead
+    from bench.probes import host_overhead
     from lowp_torch import _training
 
     real = _training.fp8_kernels_run
@@ -279,7 +279,7 @@ def test_host_overhead_handoff_times_forward_and_backward_apart_at_each_gap(tmp_
     each with its per-call forward and backward() times; the gap is on neither clock (64 us
     of busy-waiting does not reach the engine graph's forward, a view), and the host's
     idle-state facts are recorded beside them."""
-    from bench import host_overhead
+    from bench.probes import host_overhead
 
     result = host_overhead.main(
         ["--k", "32", "--repeats", "1", "--iters", "20", "--handoff", "--handoff-rounds", "2"]
@@ -305,7 +305,7 @@ def test_host_overhead_handoff_times_forward_and_backward_apart_at_each_gap(tmp_
 
 
 def test_host_overhead_bench_refuses_a_shape_outside_the_fallback(monkeypatch):
-    from bench import host_overhead
+    from bench.probes import host_overhead
     from lowp import extend
 
     monkeypatch.setattr(extend, "call_pays", lambda *a: True)

@@ -1,4 +1,4 @@
-"""bench/jax_dense.py and bench/jax_cast.py run (tiny, on whatever backend) and write their JSON."""
+"""bench/probes/jax_dense.py and bench/probes/jax_cast.py run (tiny, on whatever backend) and write their JSON."""
 
 import importlib.util
 import json
@@ -14,7 +14,7 @@ from lowp_jax import _devices  # after the skip: jax may be missing
 
 def _bench(name: str):
     """bench/NAME.py as a module (bench/ is no package on the test path)."""
-    path = pathlib.Path(__file__).parents[2] / "bench" / f"{name}.py"
+    path = pathlib.Path(__file__).parents[2] / "bench" / "probes" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -62,7 +62,7 @@ def test_small_cast_run_checks_bytes_and_writes_rows(tmp_path):
 
 @pytest.mark.slow
 def test_fp8_pattern_bench_runs_its_variants(capsys):
-    """bench/jax_fp8_pattern.py: lowp's forms agree with themselves bit for bit; a form
+    """bench/probes/jax_fp8_pattern.py: lowp's forms agree with themselves bit for bit; a form
     the backend refuses (a named fp8 dot algorithm on the CPU) is reported, not fatal."""
     bench = _bench("jax_fp8_pattern")
     bench.main(["64", "--variants", "a,g,h,rows_a"])
@@ -122,7 +122,7 @@ def test_step_parts_trace_runs_each_step_under_the_profiler(tmp_path):
 
 
 def test_gemm_form_probe_compiles_the_form_and_restores_the_threshold():
-    """bench/jax_gemm_form.py at one small shape: a line per precision saying what the
+    """bench/probes/jax_gemm_form.py at one small shape: a line per precision saying what the
     compiled module runs (no cuBLASLt GEMM off the GPU), the threshold put back after."""
     from lowp_jax import _dot
 
@@ -140,10 +140,10 @@ def test_gemm_form_probe_compiles_the_form_and_restores_the_threshold():
 
 @pytest.mark.slow
 def test_gemm_accuracy_measures_every_path_on_every_kind_of_data(tmp_path):
-    """bench/gemm_accuracy.py at one small shape: a row per kind of data with every
+    """bench/probes/gemm_accuracy.py at one small shape: a row per kind of data with every
     path's SQNR, each within spec §7's 40 dB at this K (256) even under fast
     accumulation (on the H200 its loss on same-signed products left 53 dB there,
-    bench/results/h200_gemm_accuracy_m.json). Off the GPU there is no fast
+    bench/results/2026-11-30_7f48d84_gemm_accuracy.json). Off the GPU there is no fast
     accumulation: fast and split are one dot, and a float32 output is far past bf16's
     floor; the bfloat16-rounded scale costs at most 10 dB of it. Bad data names are
     refused."""
@@ -199,7 +199,7 @@ def test_step_parts_steps_merge_into_the_issue_summary(tmp_path):
 
 @pytest.mark.slow
 def test_step_parts_bench_takes_the_step_apart(tmp_path):
-    """bench/jax_step_parts.py: every part is timed, and its GEMMs on the operands of
+    """bench/probes/jax_step_parts.py: every part is timed, and its GEMMs on the operands of
     `training_operands` reproduce the step's y, dx and dw bit for bit, so the parts
     are the step's own pieces."""
     bench = _bench("jax_step_parts")
@@ -238,9 +238,9 @@ def test_step_parts_bench_takes_the_step_apart(tmp_path):
     ]
     assert all(r["ms"] > 0 for r in rows)
     # cuBLASLt fp8 GEMMs in each compiled step: none on the CPU or for bf16. On a GPU
-    # XLA may give dots this small to a Triton GEMM (the H200 did, 2026-11-30), so the
-    # count there is only bounded (bench/results/h200_jax_step_parts_j.json has the
-    # full shapes' 3, 3 and 2); the variant changes casts, never the GEMMs.
+    # XLA may give dots this small to a Triton GEMM (the H200 did), so the count there is
+    # only bounded (at the LLM shapes it is 3, 3 and 2); the variant changes casts, never
+    # the GEMMs.
     steps = {r["recipe"]: r for r in rows if r["part"] == "step"}
     gemms = {recipe: r["fp8_gemms_in_hlo"] for recipe, r in steps.items()}
     on_gpu = jax.default_backend() == "gpu"

@@ -325,7 +325,7 @@ def test_fast_accumulation_writes_bfloat16_with_the_scale_rounded(bf16_form_at_a
 
     Not for two non-negative operands: Hopper's fast accumulator loses accuracy with K
     on products of one sign, in either form and in torch._scaled_mm alike. On the H200
-    this test failed at 37.0 dB with them; bench/gemm_accuracy.py measured 36.4 dB at
+    this test failed at 37.0 dB with them; bench/probes/gemm_accuracy.py measured 36.4 dB at
     this shape in the float32 form and 17.9 at K=16384 (docs/numerics.md §7)."""
     a, b, y, _, jaxpr = _fp8_dot_forms(False, DEFAULT, signed_weight=True)
     assert _written(jaxpr) == jnp.bfloat16

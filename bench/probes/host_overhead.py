@@ -1,7 +1,7 @@
 """The host time lowp_torch's small-shape fallback adds to a launch-bound training step.
 
 Below M*K*N = 2**39 the small-shape policy runs a float8 layer as `F.linear`, bf16's own
-call, yet the H200 sweep (bench/results/h200_sweep_j.json) timed the launch-bound
+call, yet an H200 sweep (`bench/run.py --sections sweep`) timed the launch-bound
 ones at 0.85-0.96x of bf16 while a second bf16 layer beside them ran at 0.93-1.03x. A step
 there is host-bound (bf16 ~0.2 ms against ~0.03 ms of GEMMs), so whatever Python lowp
 runs per call is on the clock. This times, side by side (`_timing.time_interleaved`,
@@ -28,10 +28,10 @@ too, with their device time, so that a different kernel choice would show), list
 event whose count differs and those whose host or device time differs most, and
 cProfile's top Python functions a step.
 
-    python bench/host_overhead.py                  # on the GPU
-    python bench/host_overhead.py --k 64           # CPU (faked kernel check)
-    python bench/host_overhead.py --profile        # and where the time goes
-    python bench/host_overhead.py --handoff        # the autograd engine's wake-up cost
+    python bench/probes/host_overhead.py                  # on the GPU
+    python bench/probes/host_overhead.py --k 64           # CPU (faked kernel check)
+    python bench/probes/host_overhead.py --profile        # and where the time goes
+    python bench/probes/host_overhead.py --handoff        # the autograd engine's wake-up cost
 
 --handoff asks why host time before a step can cost the step more than itself. On CUDA,
 `backward()` hands the graph to autograd's device thread and waits for it: two thread
@@ -60,7 +60,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 from bench import _timing, linear_step
 from lowp_torch import _training

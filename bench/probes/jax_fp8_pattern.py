@@ -18,9 +18,9 @@ that dot to a Triton fusion at 2048x4096x4096 and the 8192^3 dense layer lost 3%
 that keeps XLA on cuBLASLt with a bf16 output; "rows_a" / "rows_i" are lowp's rowwise
 form and its bf16-output twin. Each row says which GEMM the compiled module runs.
 
-    python bench/jax_fp8_pattern.py            # 8192^3 on the GPU, every variant
-    python bench/jax_fp8_pattern.py --variants a,g,h,i,rows_a,rows_i   # the quick ones
-    python bench/jax_fp8_pattern.py 256        # a CPU smoke run (no fp8 GEMM there)
+    python bench/probes/jax_fp8_pattern.py            # 8192^3 on the GPU, every variant
+    python bench/probes/jax_fp8_pattern.py --variants a,g,h,i,rows_a,rows_i   # the quick ones
+    python bench/probes/jax_fp8_pattern.py 256        # a CPU smoke run (no fp8 GEMM there)
 
 To see the passes: XLA_FLAGS="--xla_dump_to=DIR --xla_dump_hlo_module_re=.*variant_b.*
 --xla_dump_hlo_pass_re=.*" (the Triton GEMM fusion pass takes the dot in "b").
@@ -35,11 +35,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import lowp
 import lowp_jax
-from bench.jax_dense import time_ms
+from bench.probes.jax_dense import time_ms
 
 TS = lowp.TensorScaling()
 ROWS = lowp.AxisScaling(pow2=True)

@@ -9,7 +9,7 @@ forward GEMM) and HIGHEST (dgrad, wgrad), and prints what each compiled module r
 the output types of its cuBLASLt fp8 GEMMs (none: the dot went elsewhere) and its
 Triton custom calls (the two Pallas casts are among them). Compiles only, ~1 min.
 
-    python bench/jax_gemm_form.py        # on a GPU
+    python bench/probes/jax_gemm_form.py        # on a GPU
 """
 
 import pathlib
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import lowp
 import lowp_jax

@@ -11,9 +11,9 @@ quantized: the fp8 GEMM and its output scaling) and "quantize" (the activation's
 quantization alone); one "raw gemm" row per shape is the ceiling: e4m3 codes straight
 into `lax.dot_general` with a bfloat16 output and no scales. JSON goes to bench/results/.
 
-    python bench/jax_dense.py                        # GPU: 8192^3, float8 presets
-    python bench/jax_dense.py --presets all --shapes large,decode
-    python bench/jax_dense.py --small                # CPU smoke run: tiny shapes
+    python bench/probes/jax_dense.py                        # GPU: 8192^3, float8 presets
+    python bench/probes/jax_dense.py --presets all --shapes large,decode
+    python bench/probes/jax_dense.py --small                # CPU smoke run: tiny shapes
 """
 
 import argparse
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import lowp
 import lowp_jax
@@ -38,7 +38,7 @@ import lowp_jax.nnx
 SHAPES = {"large": (8192, 8192, 8192), "decode": (16, 8192, 8192)}
 SMALL_SHAPES = {"large": (256, 256, 256), "decode": (16, 256, 256)}
 FP8_PRESETS = ("float8_tensorwise", "float8_rowwise")
-RESULTS = pathlib.Path(__file__).parent / "results"
+RESULTS = pathlib.Path(__file__).parents[1] / "results"
 FP8_GEMM = "__cublas$lt$matmul$f8"
 
 

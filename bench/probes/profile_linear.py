@@ -2,8 +2,8 @@
 forward + backward steps, by total time (torch.profiler), for lowp, torchao or bf16,
 eager or compiled — the same layers and calls `linear_step` times.
 
-    python bench/profile_linear.py 16384x8192x8192 float8_tensorwise,float8_rowwise
-    python bench/profile_linear.py 16384x8192x8192 float8_tensorwise \\
+    python bench/probes/profile_linear.py 16384x8192x8192 float8_tensorwise,float8_rowwise
+    python bench/probes/profile_linear.py 16384x8192x8192 float8_tensorwise \\
         --impl lowp,torchao --mode compiled --out profile.txt
 
 This is how the transposed-codes copy showed up (PyTorch's strided copy of the wgrad's
@@ -17,7 +17,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 from bench import linear_step
 

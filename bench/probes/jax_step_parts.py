@@ -17,11 +17,11 @@ write bf16 and are scaled in bf16). So `step - casts - gemms` is what fusing the
 saves or costs, `gemms - raw` the price of lowp's float32 output, and
 `flax - raw` what flax spends outside the GEMMs.
 
-    python bench/jax_step_parts.py                       # H200: the issue's two shapes
-    python bench/jax_step_parts.py --variants xT_copy  # also without the transposed cast kernel
-    python bench/jax_step_parts.py --shapes 256x512x384 --recipes float8_tensorwise  # CPU smoke
-    python bench/jax_step_parts.py --variants f32_out --no-parts  # steps only
-    python bench/jax_step_parts.py --trace --shapes 16384x8192x8192  # device trace instead
+    python bench/probes/jax_step_parts.py                       # H200: the issue's two shapes
+    python bench/probes/jax_step_parts.py --variants xT_copy  # also without the transposed cast kernel
+    python bench/probes/jax_step_parts.py --shapes 256x512x384 --recipes float8_tensorwise  # CPU smoke
+    python bench/probes/jax_step_parts.py --variants f32_out --no-parts  # steps only
+    python bench/probes/jax_step_parts.py --trace --shapes 16384x8192x8192  # device trace instead
 
 --trace times nothing: it runs the steps (bf16, flax's, each recipe's) under
 `jax.profiler.trace` and sums the device's events a step from the Perfetto trace: each
@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import lowp_jax
 from bench import _timing, jax_training
@@ -148,8 +148,7 @@ def gemms_match_step(step, gemms) -> dict:
     """How the parts compute the step: {GEMM: (its output equals the step's y, dx or dw
     bit for bit, the SQNR in dB of one against the other)} (a GEMM the recipe runs in
     high precision is not among the parts). Off the GPU they are equal. On the H200 the
-    tensorwise dgrad at 64x128x96 differed in 1 of 6 runs (2026-11-30,
-    bench/results/h200_step_parts_flaky_m.txt). The step and the gemms part are compiled
+    tensorwise dgrad at 64x128x96 differed in 1 of 6 runs. The step and the gemms part are compiled
     apart, and XLA's autotuner times its candidate kernels, so the likely cause is that
     it picked another GEMM kernel for one of them (not confirmed from the failing
     run's HLO). Another accumulation order still gives the same product within spec
@@ -392,7 +391,7 @@ def as_run_results(rows, meta: dict) -> dict:
                 ],
             }
         )
-    note = "bench/jax_step_parts.py: the steps of bf16, flax's fp8 and each recipe, interleaved"
+    note = "bench/probes/jax_step_parts.py: the steps of bf16, flax's fp8 and each recipe, interleaved"
     section = {"rows": out, "skipped": [], "errors": [], "notes": [note], "seconds": 0.0}
     return {"meta": meta, "sections": {"jax": section}}
 

@@ -7,7 +7,7 @@ alone, each as a fraction of a same-run device copy by the minimum bytes the cas
 (as in bench/casts.py: tensorwise 2bn + n, rowwise 2bn + n + 4n/K here, since XLA
 reduces the rows in a pass of its own), and whether the two paths wrote the same bytes.
 Then the rowwise codes of x.T, which the training backward asks for, four ways (see
-`_quantize_fn`). H200, 16384^2 bf16 (2026-11-30, bench/results/h200_jax_cast.json):
+`_quantize_fn`). H200, 16384^2 bf16 (2026-11-30, bench/results/2026-11-30_b703c13_jax_cast.json):
 transpose then the kernel 0.600 ms, XLA alone 0.747 ms, column scales then a 1-byte
 transpose 0.747 ms, and `quantize_transposed` (column scales, then a kernel that reads
 x once and writes its codes transposed, what the training backward runs) 0.424 ms,
@@ -15,7 +15,7 @@ x once and writes its codes transposed, what the training backward runs) 0.424 m
 kernel path against `lowp.quantize` (NumPy): subnormal, huge, signed zero, NaN and Inf
 inputs in float32, bfloat16 and float16.
 
-    python bench/jax_cast.py --out bench/results/h200_jax_cast.json     # on the GPU
+    python bench/probes/jax_cast.py --out bench/results/2026-11-30_b703c13_jax_cast.json     # on the GPU
 """
 
 import argparse
@@ -27,11 +27,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import lowp
 import lowp_jax
-from bench.jax_dense import time_ms
+from bench.probes.jax_dense import time_ms
 from lowp_jax import _quantize
 
 SCHEMES = {"tensorwise": lowp.TensorScaling(), "rowwise": lowp.AxisScaling(axis=-1)}

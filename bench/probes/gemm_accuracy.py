@@ -20,12 +20,12 @@ with K. This measures both, on one set of tensorwise e4m3 operands per case, thr
 
 Off the GPU XLA has no fast accumulation: "fast" and "split" are the same dot there. On
 a GPU each row also lists the jax paths that XLA ran elsewhere than cuBLASLt's fp8 GEMM
-(`jax_off_cublaslt`, see `jax_product`; recorded since after h200_gemm_accuracy_m.json,
+(`jax_off_cublaslt`, see `jax_product`; recorded since after 2026-11-30_7f48d84_gemm_accuracy.json,
 whose jax_fast_f32 equals torch_fast_f32 to the hundredth of a dB up to K = 1024).
 
-    python bench/gemm_accuracy.py --out bench/results/h200_gemm_accuracy_m.json  # GPU
-    python bench/gemm_accuracy.py --shapes 64x256x128                            # CPU smoke
-    python bench/gemm_accuracy.py --time     # also times the GEMMs fast and split
+    python bench/probes/gemm_accuracy.py --out bench/results/2026-11-30_7f48d84_gemm_accuracy.json  # GPU
+    python bench/probes/gemm_accuracy.py --shapes 64x256x128                            # CPU smoke
+    python bench/probes/gemm_accuracy.py --time     # also times the GEMMs fast and split
 """
 
 import argparse
@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import lowp
 import lowp_jax

@@ -1,0 +1,1 @@
+"""One-off measurements: what each answered is in bench/README.md."""
