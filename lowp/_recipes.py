@@ -59,11 +59,6 @@ class GemmSpec:
     def high_precision(self) -> bool:
         return self.a is None
 
-    @property
-    def reusable_codes(self) -> bool:
-        """True if both operands use tensorwise scaling, whose codes survive a transpose."""
-        return isinstance(self.a, _schemes.TensorScaling) and isinstance(self.b, _schemes.TensorScaling)
-
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
