@@ -12,7 +12,9 @@ so every operand scheme below scales along axis -1 of the operand as the GEMM re
 it, and the frontend builds `a` and `b` by transposing the high-precision tensor
 (never another orientation's codes) before quantizing. The one exception is
 tensorwise scaling, whose single scale does not care about orientation: a frontend
-may transpose those codes instead of re-quantizing (`GemmSpec.reusable_codes`).
+may transpose those codes instead of re-quantizing. Which operand each GEMM reads, in
+which orientation, and which codes it reuses is `lowp.extend.LinearPlan`'s answer
+(`lowp/_linear_plan.py`), which both frontends execute.
 """
 
 import dataclasses
@@ -59,12 +61,6 @@ class GemmSpec:
     def high_precision(self) -> bool:
         return self.a is None
 
-    @property
-    def reusable_codes(self) -> bool:
-        """True if both operands use tensorwise scaling, whose codes survive a transpose."""
-        tensorwise = _schemes.TensorScaling
-        return isinstance(self.a, tensorwise) and isinstance(self.b, tensorwise)
-
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
@@ -94,6 +90,16 @@ class Recipe:
             raise ValueError(f"Recipe {self.name!r}: the forward GEMM must be quantized")
         if not isinstance(self.fp32_weight_grad_accumulation, bool):
             raise TypeError("Recipe.fp32_weight_grad_accumulation must be a bool")
+
+    @property
+    def block_scaled(self) -> bool:
+        """Whether a quantized GEMM takes block-scaled operands (MX, NVFP4), whose GEMM
+        kernels need a newer GPU than float8's (NVIDIA compute capability 10.0)."""
+        return any(
+            isinstance(scheme, (_schemes.MXScaling, _schemes.NVFP4Scaling))
+            for spec in (self.forward, self.dgrad, self.wgrad)
+            for scheme in (spec.a, spec.b)
+        )
 
     @staticmethod
     def names() -> tuple[str, ...]:

@@ -37,6 +37,15 @@ Arithmetic constants and rules
   random_source(rounding, random_bits, seed, offset_is_zero, name)
                                  where stochastic rounding's bits come from, checked.
 
+How a recipe runs a linear layer (spec §8)
+  LinearPlan.of(recipe)          the three GEMMs' plans (GemmPlan, None in high
+                                 precision), each operand's (OperandPlan: tensor,
+                                 orientation, scheme, reused codes, the scheme along the
+                                 tensor's first axis), what each GEMM keeps for a later
+                                 one (`keeps_codes`), and `check(m, k, n)`, the shape
+                                 check naming the GEMM, operand and dim.
+  DIM_NAMES                      what "M", "K", "N" are in a layer's terms.
+
 The small-shape policy of the training layers (spec §8)
   MIN_MACS, call_pays, layer_may_pay, describe_small_shape
 """
@@ -44,6 +53,7 @@ The small-shape policy of the training layers (spec §8)
 from lowp._formats import FLOAT4_E2M1FN, FLOAT8_E4M3FN, element_format
 from lowp._groups import expand as expand_groups
 from lowp._layouts import cublas_blocked_shape
+from lowp._linear_plan import DIM_NAMES, GemmPlan, LinearPlan, OperandPlan
 from lowp._qtensor import (
     HP_DTYPES,
     StoredLayout,
@@ -66,6 +76,7 @@ from lowp._small_shapes import MIN_MACS, call_pays, layer_may_pay
 from lowp._small_shapes import describe as describe_small_shape
 
 __all__ = [
+    "DIM_NAMES",
     "EPS",
     "FLOAT4_E2M1FN",
     "FLOAT8_E4M3FN",
@@ -73,6 +84,9 @@ __all__ = [
     "MIN_MACS",
     "MX_MODES",
     "SCHEME_TYPES",
+    "GemmPlan",
+    "LinearPlan",
+    "OperandPlan",
     "StoredLayout",
     "blocked_matrix_shape",
     "call_pays",

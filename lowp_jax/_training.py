@@ -1,9 +1,10 @@
 """Training recipes (spec §8) as a `jax.custom_vjp` dot_general: `y = x @ w.T` whose
-forward, dgrad and wgrad GEMMs each run on operands quantized as a `lowp.Recipe` says.
+forward, dgrad and wgrad GEMMs each run on operands quantized as a `lowp.Recipe` says,
+executing the recipe's `lowp.extend.LinearPlan`.
 
 With x: (M, K) (the input's leading dims flattened into M), w: (N, K), g = dL/dy: (M, N),
 every GEMM is `a @ b.T` with both operands quantized along their last axis, the GEMM's
-reduction axis (lowp/_recipes.py):
+reduction axis (the plan's orientation):
 
   forward  y  = x @ w.T     a = x   (M, K)   b = w   (N, K)   along K
   dgrad    dx = g @ w       a = g   (M, N)   b = w.T (K, N)   along N
@@ -15,11 +16,13 @@ with a gradient (the trick delayed scaling needs), so the dot is a pure function
 composes with `jit`, `grad`, `lax.scan`, gradient accumulation and sharding as any is.
 
 Residuals: the forward keeps the high-precision x and w, and the backward re-quantizes
-each along its own reduction axis (spec §8: never from another orientation's codes).
-A tensor that every backward GEMM reads tensorwise with its forward scheme is kept as
-its forward codes instead, one byte an element, and transposed: a tensorwise scale
-does not care about orientation (`GemmSpec.reusable_codes`). The incoming gradient's
-codes are shared between dgrad and wgrad the same way.
+each along its own reduction axis (spec §8: never from another orientation's codes),
+writing the transposed operand's codes directly where a kernel can
+(`quantize_transposed`). Where the plan reuses codes (`LinearPlan.keeps_codes`: the
+backward reads the tensor tensorwise with its forward scheme) the forward keeps its
+codes instead, one byte an element, and the backward transposes them: a tensorwise
+scale does not care about orientation. The incoming gradient's codes are shared
+between dgrad and wgrad the same way.
 
 Fast accumulation: XLA picks a GEMM's accumulation from the dot's precision config.
 Its cuBLASLt fp8 GEMM sets CUBLASLT_MATMUL_DESC_FAST_ACCUM exactly when the dot's
@@ -45,7 +48,6 @@ from lowp_jax import _devices, _dot, _qarray, _quantize, _quantized_dot
 from lowp_jax import _dot_operands as _operands
 
 _A_BT = (((1,), (1,)), ((), ()))  # a @ b.T for rank-2 a, b: contract the last axes
-_DIM_NAMES = {"forward": "K", "dgrad": "N", "wgrad": "M"}
 
 
 def as_recipe(recipe) -> lowp.Recipe:
@@ -64,10 +66,10 @@ SMALL_SHAPES = ("auto", "quantize")
 
 
 @dataclasses.dataclass(frozen=True)
-class _Plan:
+class _Call:
     """What is static about one call: hashable, the nondiff argument of the custom VJP."""
 
-    recipe: lowp.Recipe
+    plan: extend.LinearPlan  # the recipe's
     impl: str
     precision: object  # the caller's, for high-precision GEMMs
     out_dtype: np.dtype
@@ -159,13 +161,14 @@ def training_dot_general(
             "promote_dtype that leaves it float32) and sum micro-batch gradients in float32"
         )
     input_shape = tuple(lhs.shape)
-    _check_shapes(recipe, x.shape[0], k, n, backward=False, input_shape=input_shape)
+    plan = extend.LinearPlan.of(recipe)
+    _check_shapes(plan, x.shape[0], k, n, backward=False, input_shape=input_shape)
     out_dtype = np.dtype(x.dtype if preferred_element_type is None else preferred_element_type)
-    plan = _Plan(recipe, impl, precision, out_dtype, input_shape)
+    call = _Call(plan, impl, precision, out_dtype, input_shape)
     if small_shapes == "auto" and in_high_precision(recipe, impl, x, w):
-        y = _high_precision_linear(x, w, plan)
+        y = _high_precision_linear(x, w, call)
     else:
-        y = _linear(x, w, plan)
+        y = _linear(x, w, call)
     return y.reshape(lead + (n,))
 
 
@@ -191,74 +194,53 @@ def fp8_kernels_run(recipe, impl: str, device) -> bool:
     if impl in ("emulated", "dequantize"):
         return False
     capability = _devices.cuda_capability(device)
-    block_scaled = isinstance(recipe.forward.a, (lowp.MXScaling, lowp.NVFP4Scaling))
-    return capability is not None and capability >= ((10, 0) if block_scaled else (8, 9))
+    return capability is not None and capability >= ((10, 0) if recipe.block_scaled else (8, 9))
 
 
-def _check_shapes(recipe, m, k, n, *, backward: bool, input_shape) -> None:
-    """ValueError naming the dim, if a quantized GEMM's scheme cannot take its operand."""
-    gemms = [("forward", recipe.forward, ("x", (m, k)), ("w", (n, k)))]
-    if backward:
-        gemms += [
-            ("dgrad", recipe.dgrad, ("g", (m, n)), ("w.T", (k, n))),
-            ("wgrad", recipe.wgrad, ("g.T", (n, m)), ("x.T", (k, m))),
-        ]
-    for gemm, spec, *operands in gemms:
-        if spec.high_precision:
-            continue
-        for scheme, (name, shape) in zip((spec.a, spec.b), operands):
-            try:
-                scheme.check_shape(shape)
-            except ValueError as e:
-                dim = _DIM_NAMES[gemm]
-                raise ValueError(
-                    f"recipe {recipe.name!r}: the {gemm} GEMM quantizes {name} of shape {shape} "
-                    f"along {dim} = {shape[-1]} (input shape {input_shape}: M tokens, K in, "
-                    f"N out features): {e}"
-                ) from None
+def _check_shapes(plan, m, k, n, *, backward: bool, input_shape) -> None:
+    """ValueError naming the GEMM, operand and dim (`LinearPlan.check`) and the input's
+    shape, if a quantized GEMM's scheme cannot take its operand."""
+    try:
+        plan.check(m, k, n, backward=backward)
+    except ValueError as e:
+        raise ValueError(
+            f"{e}; the input has shape {input_shape}, its leading dims flattened into M"
+        ) from None
 
 
 # --- the quantized operands of each GEMM ------------------------------------------------
 
 
-def _forward_operands(x, w, recipe) -> tuple[_qarray.QArray, _qarray.QArray]:
+def _forward_operands(x, w, plan) -> tuple[_qarray.QArray, _qarray.QArray]:
     """x (M, K) and w (N, K), quantized along K."""
-    spec = recipe.forward
-    return _quantize.quantize(x, spec.a, name="x"), _quantize.quantize(w, spec.b, name="w")
+    a, b = plan.forward.a, plan.forward.b
+    return _quantize.quantize(x, a.scheme, name="x"), _quantize.quantize(w, b.scheme, name="w")
 
 
-def _residuals(x, w, forward, recipe) -> tuple:
-    """What the backward keeps of x and w: the forward codes where the backward can read
-    them transposed (tensorwise, same scheme), else the high-precision tensor."""
+def _residuals(x, w, forward, plan) -> tuple:
+    """What the backward keeps of x and w: the forward codes where the plan reuses them
+    (`LinearPlan.keeps_codes`), else the high-precision tensor."""
     qx, qw = forward
-    return (
-        qx if _reusable(qx, recipe.wgrad.b) else x,
-        qw if _reusable(qw, recipe.dgrad.b) else w,
-    )
+    return (qx if plan.keeps_codes("x") else x, qw if plan.keeps_codes("w") else w)
 
 
-def _backward_operands(g, x_kept, w_kept, recipe) -> tuple:
+def _backward_operands(g, x_kept, w_kept, plan) -> tuple:
     """(dgrad, wgrad) operand pairs, each None where that GEMM runs in high precision."""
     dgrad = wgrad = None
-    if not recipe.dgrad.high_precision:
-        g_q = _quantize.quantize(g, recipe.dgrad.a, name="g")
-        dgrad = (g_q, _transposed(w_kept, recipe.dgrad.b, "w"))
-    if not recipe.wgrad.high_precision:
-        g_kept = g_q if dgrad is not None and _reusable(g_q, recipe.wgrad.a) else g
-        wgrad = (_transposed(g_kept, recipe.wgrad.a, "g"), _transposed(x_kept, recipe.wgrad.b, "x"))
+    if plan.dgrad is not None:
+        g_q = _quantize.quantize(g, plan.dgrad.a.scheme, name=plan.dgrad.a.name)
+        dgrad = (g_q, _transposed(w_kept, plan.dgrad.b))
+    if plan.wgrad is not None:
+        g_kept = g_q if plan.keeps_codes("g") else g
+        wgrad = (_transposed(g_kept, plan.wgrad.a), _transposed(x_kept, plan.wgrad.b))
     return dgrad, wgrad
 
 
-def _reusable(q: _qarray.QArray, scheme) -> bool:
-    """Whether q's codes, transposed, are what quantizing the transpose with `scheme` gives."""
-    return isinstance(scheme, lowp.TensorScaling) and q.scheme == scheme
-
-
-def _transposed(kept, scheme, name: str) -> _qarray.QArray:
-    """The rank-2 operand kept.T quantized along its last axis: reusable codes transposed,
-    or the high-precision tensor's transpose quantized (`quantize_transposed`: on an
-    sm_90 GPU a rowwise scheme's kernel writes the codes transposed, with no transposed
-    copy of the high-precision tensor)."""
+def _transposed(kept, operand) -> _qarray.QArray:
+    """The rank-2 operand kept.T quantized as `operand` (a transposed operand of the plan)
+    says: reused codes transposed, or the high-precision tensor's transpose quantized
+    (`quantize_transposed`: on an sm_90 GPU a rowwise scheme's kernel writes the codes
+    transposed, with no transposed copy of the high-precision tensor)."""
     if isinstance(kept, _qarray.QArray):
         return _qarray.QArray(
             codes=kept.codes.T,
@@ -268,18 +250,18 @@ def _transposed(kept, scheme, name: str) -> _qarray.QArray:
             shape=kept.shape[::-1],
             hp_dtype=kept.hp_dtype,
         )
-    return _quantize.quantize_transposed(kept, scheme, name=f"{name}.T")
+    return _quantize.quantize_transposed(kept, operand.scheme, name=operand.name)
 
 
 # --- the GEMMs ---------------------------------------------------------------------------
 
 
-def _gemm(operands, spec: lowp.GemmSpec, plan: _Plan, out_dtype, like=None) -> jax.Array:
-    """a @ b.T of quantized operands, with fast accumulation where the spec allows it;
+def _gemm(operands, gemm: extend.GemmPlan, call: _Call, out_dtype, like=None) -> jax.Array:
+    """a @ b.T of quantized operands, with fast accumulation where the plan allows it;
     `like`: the primal a backward GEMM's output is the cotangent of (`_sharding_like`)."""
-    precision = lax.Precision.DEFAULT if spec.fast_accum else lax.Precision.HIGHEST
+    precision = lax.Precision.DEFAULT if gemm.fast_accum else lax.Precision.HIGHEST
     return _dot.dot_general(
-        *operands, _A_BT, precision, out_dtype, impl=plan.impl, out_sharding=_sharding_like(like)
+        *operands, _A_BT, precision, out_dtype, impl=call.impl, out_sharding=_sharding_like(like)
     )
 
 
@@ -296,14 +278,14 @@ def _sharding_like(x):
     return jax.typeof(x.codes if isinstance(x, _qarray.QArray) else x).sharding
 
 
-def _hp_gemm(a, b, plan: _Plan, out_dtype, like=None) -> jax.Array:
+def _hp_gemm(a, b, call: _Call, out_dtype, like=None) -> jax.Array:
     """a @ b.T in high precision, accumulated in float32 and rounded once."""
     compute = jnp.result_type(a, b)
     y = lax.dot_general(
         a.astype(compute),
         b.astype(compute),
         _A_BT,
-        precision=plan.precision,
+        precision=call.precision,
         preferred_element_type=jnp.float32,
         out_sharding=_sharding_like(like),
     )
@@ -311,31 +293,34 @@ def _hp_gemm(a, b, plan: _Plan, out_dtype, like=None) -> jax.Array:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _linear(x, w, plan: _Plan) -> jax.Array:
-    return _gemm(_forward_operands(x, w, plan.recipe), plan.recipe.forward, plan, plan.out_dtype)
+def _linear(x, w, call: _Call) -> jax.Array:
+    plan = call.plan
+    return _gemm(_forward_operands(x, w, plan), plan.forward, call, call.out_dtype)
 
 
-def _linear_fwd(x, w, plan: _Plan):
+def _linear_fwd(x, w, call: _Call):
     # Differentiated: the backward GEMMs' dims must suit their schemes too (M for wgrad).
+    plan = call.plan
     m, k, n = x.shape + w.shape[:1]
-    _check_shapes(plan.recipe, m, k, n, backward=True, input_shape=plan.input_shape)
-    forward = _forward_operands(x, w, plan.recipe)
-    y = _gemm(forward, plan.recipe.forward, plan, plan.out_dtype)
-    return y, _residuals(x, w, forward, plan.recipe)
+    _check_shapes(plan, m, k, n, backward=True, input_shape=call.input_shape)
+    forward = _forward_operands(x, w, plan)
+    y = _gemm(forward, plan.forward, call, call.out_dtype)
+    return y, _residuals(x, w, forward, plan)
 
 
-def _linear_bwd(plan: _Plan, kept, g):
+def _linear_bwd(call: _Call, kept, g):
+    plan = call.plan
     x_kept, w_kept = kept
     x_dtype, w_dtype = _operands.hp_dtype(x_kept), _operands.hp_dtype(w_kept)
-    dgrad, wgrad = _backward_operands(g, x_kept, w_kept, plan.recipe)
+    dgrad, wgrad = _backward_operands(g, x_kept, w_kept, plan)
     if dgrad is None:
-        dx = _hp_gemm(g, w_kept.T, plan, x_dtype, like=x_kept)
+        dx = _hp_gemm(g, w_kept.T, call, x_dtype, like=x_kept)
     else:
-        dx = _gemm(dgrad, plan.recipe.dgrad, plan, x_dtype, like=x_kept)
+        dx = _gemm(dgrad, plan.dgrad, call, x_dtype, like=x_kept)
     if wgrad is None:
-        dw = _hp_gemm(g.T, x_kept.T, plan, w_dtype, like=w_kept)
+        dw = _hp_gemm(g.T, x_kept.T, call, w_dtype, like=w_kept)
     else:
-        dw = _gemm(wgrad, plan.recipe.wgrad, plan, w_dtype, like=w_kept)
+        dw = _gemm(wgrad, plan.wgrad, call, w_dtype, like=w_kept)
     return dx, dw
 
 
@@ -343,24 +328,24 @@ _linear.defvjp(_linear_fwd, _linear_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _high_precision_linear(x, w, plan: _Plan) -> jax.Array:
+def _high_precision_linear(x, w, call: _Call) -> jax.Array:
     """The small-shape policy's fallback: the three GEMMs in x's dtype, accumulated in
     float32 and rounded once (`_hp_gemm`), dw in the kernel's dtype. A custom VJP, since
     differentiating `w.astype(x.dtype)` would round a float32 kernel's gradient to x's
     dtype; this keeps the precision the recipe's wgrad has (and lowp_torch's fallback)."""
-    return _hp_gemm(x, w.astype(x.dtype), plan, plan.out_dtype)
+    return _hp_gemm(x, w.astype(x.dtype), call, call.out_dtype)
 
 
-def _high_precision_fwd(x, w, plan: _Plan):
-    return _high_precision_linear(x, w, plan), (x, w)
+def _high_precision_fwd(x, w, call: _Call):
+    return _high_precision_linear(x, w, call), (x, w)
 
 
-def _high_precision_bwd(plan: _Plan, kept, g):
+def _high_precision_bwd(call: _Call, kept, g):
     x, w = kept
     g = g.astype(x.dtype)
     return (
-        _hp_gemm(g, w.astype(x.dtype).T, plan, x.dtype, like=x),
-        _hp_gemm(g.T, x.T, plan, w.dtype, like=w),
+        _hp_gemm(g, w.astype(x.dtype).T, call, x.dtype, like=x),
+        _hp_gemm(g.T, x.T, call, w.dtype, like=w),
     )
 
 
@@ -382,7 +367,7 @@ def training_operands(x, w, g, recipe) -> dict:
 
     Returns:
       {"forward": (a, b), "dgrad": (a, b), "wgrad": (a, b)}, each GEMM being `a @ b.T`
-      with a, b QArrays quantized along their last axis (lowp/_recipes.py):
+      with a, b QArrays quantized along their last axis (`lowp.extend.LinearPlan`):
       forward (x (M, K), w (N, K)), dgrad (g (M, N), w.T (K, N)), wgrad (g.T (N, M),
       x.T (K, M)); None in place of a pair for a GEMM the recipe runs in high precision.
       Tensorwise operands the backward reuses are the forward's codes transposed, which
@@ -409,9 +394,10 @@ def training_operands(x, w, g, recipe) -> dict:
     (n, k), input_shape = w.shape, x.shape
     x, g = x.reshape(-1, k), g.reshape(-1, n)
     m = x.shape[0]
-    _check_shapes(recipe, m, k, n, backward=True, input_shape=input_shape)
-    forward = _forward_operands(x, w, recipe)
-    dgrad, wgrad = _backward_operands(g, *_residuals(x, w, forward, recipe), recipe)
+    plan = extend.LinearPlan.of(recipe)
+    _check_shapes(plan, m, k, n, backward=True, input_shape=input_shape)
+    forward = _forward_operands(x, w, plan)
+    dgrad, wgrad = _backward_operands(g, *_residuals(x, w, forward, plan), plan)
     return {"forward": forward, "dgrad": dgrad, "wgrad": wgrad}
 
 

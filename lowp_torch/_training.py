@@ -1,26 +1,26 @@
-"""Low-precision training of a linear layer: the three GEMMs of a `lowp.Recipe` (spec §8).
+"""Low-precision training of a linear layer: the three GEMMs of a `lowp.Recipe` (spec §8),
+run as the recipe's `lowp.extend.LinearPlan` says.
 
 For `y = x @ w.T` with x (M, K) (leading dims flattened into M, the tokens), w (N, K)
-and g = dL/dy (M, N), each GEMM is written `a @ b.T` with the reduction axis last
-(`lowp/_recipes.py`), and each operand is quantized along that axis from the
-high-precision tensor:
+and g = dL/dy (M, N), the plan gives each GEMM `a @ b.T` its operands, which tensor
+each is made of, whether the GEMM reads it transposed, and its scheme along the
+operand's last axis, the reduction axis:
 
     forward  y  = x   @ w.T     a = x   (M, K)   b = w   (N, K)   reduce over K
     dgrad    dx = g   @ w       a = g   (M, N)   b = w.T (K, N)   reduce over N
     wgrad    dw = g.T @ x       a = g.T (N, M)   b = x.T (K, M)   reduce over M
 
-A transposed operand is quantized where it lies, along its first axis, and viewed
-transposed (`_transposed`): the same groups, so the bytes of quantizing the transposed
-copy. One exception: a tensorwise operand whose scheme is the one the forward used for
-the same tensor is the forward's QuantizedTensor, transposed (`keeps_codes`): one scale
-does not care about orientation and codes are elementwise, so the bytes are again the
-same; the forward then keeps those codes for the backward instead of the
-high-precision tensor, and the backward skips a quantization.
+This module executes it. A transposed operand is quantized where its tensor lies,
+along the first axis (`OperandPlan.along_first_axis`), and viewed transposed
+(`_transposed`): the same groups, so the bytes of quantizing the transposed copy. Where
+the plan reuses codes (`OperandPlan.reuses_codes`: tensorwise, the very scheme the
+tensor was quantized with before), the operand is those codes, transposed, and the
+earlier GEMM keeps them for the later one instead of the high-precision tensor.
 
 Where the Triton casts quantize (eager CUDA, `_cast_kernels.use_triton`), a tensor
-whose two GEMMs take the very same AxisScaling or MXScaling scheme (x, w and dy under
-float8_rowwise and mxfp8; w under mxfp8_gw_hp) is quantized both ways from one read
-(`_triton_casts.quantize_both`); its codes along the first axis are those
+whose two GEMMs take the very same scheme (`OperandPlan.shares_scheme`: x, w and dy
+under float8_rowwise and mxfp8; w under mxfp8_gw_hp) is quantized both ways from one
+read (`_triton_casts.quantize_both`); its codes along the first axis are those
 `_transposed` would make. The forward keeps them (one byte an element) for the
 backward instead of the high-precision x or w, and the dgrad those of dy for the wgrad
 (`_quantize_and_keep`). The bytes are the same on every path.
@@ -119,7 +119,7 @@ def training_operands(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, recipe)
     >>> [tuple(q.shape) for q in ops["dgrad"]], ops["wgrad"]
     ([(4, 64), (32, 64)], None)
     """
-    recipe = as_recipe(recipe)
+    plan = extend.LinearPlan.of(as_recipe(recipe))
     if (
         w.dim() != 2
         or x.dim() < 1
@@ -130,130 +130,119 @@ def training_operands(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, recipe)
             f"training_operands takes x (..., K), w (N, K) and g (..., N) with x's leading dims; "
             f"got x {tuple(x.shape)}, w {tuple(w.shape)}, g {tuple(g.shape)}"
         )
-    check_layer(recipe, w.shape[1], w.shape[0], Lowering())
-    check_tokens(recipe, x, Lowering())
+    check_layer(plan, w.shape[1], w.shape[0], Lowering())
+    check_tokens(plan, x, w, Lowering())
     x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-    (a, b), (keep_x, keep_w) = forward_operands(x2, w, recipe)
-    dgrad, keep_g = dgrad_operands(g2, keep_w, recipe)
-    wgrad = wgrad_operands(keep_g, keep_x, recipe)
+    (a, b), (keep_x, keep_w) = forward_operands(x2, w, plan)
+    dgrad, keep_g = dgrad_operands(g2, keep_w, plan)
+    wgrad = wgrad_operands(keep_g, keep_x, plan)
     return {"forward": (a, b), "dgrad": dgrad, "wgrad": wgrad}
 
 
-def forward_operands(x2, w, recipe, name="linear", dgrad_runs=True, wgrad_runs=True):
+def forward_operands(x2, w, plan, name="linear", dgrad_runs=True, wgrad_runs=True):
     """(a, b) of y = x @ w.T: x (M, K) and w (N, K), quantized along K; and (keep_x,
     keep_w), what the wgrad's x.T and the dgrad's w.T take of x and w: codes made now,
     or the high-precision tensors (`_quantize_and_keep`). `dgrad_runs`, `wgrad_runs`:
     whether those GEMMs will run, so whether codes made now for them are of any use."""
-    spec = recipe.forward
-    a, keep_x = _quantize_and_keep(x2, spec.a, recipe.wgrad.b, wgrad_runs, f"{name} forward: x")
-    b, keep_w = _quantize_and_keep(w, spec.b, recipe.dgrad.b, dgrad_runs, f"{name} forward: w")
+    forward = plan.forward
+    a, keep_x = _quantize_and_keep(
+        x2, forward.a, plan.transposed_operand("x"), wgrad_runs, f"{name} forward: x"
+    )
+    b, keep_w = _quantize_and_keep(
+        w, forward.b, plan.transposed_operand("w"), dgrad_runs, f"{name} forward: w"
+    )
     return (a, b), (keep_x, keep_w)
 
 
-def dgrad_operands(g2, w, recipe, name="linear", wgrad_runs=True):
+def dgrad_operands(g2, w, plan, name="linear", wgrad_runs=True):
     """(a, b) of dx = g @ w: g (M, N) and w.T (K, N), quantized along N, or None for a
     high-precision GEMM; and keep_g, what the wgrad's dy.T takes of dy: codes made now,
     or dy itself (`_quantize_and_keep`). `w`: the weight, or the forward's codes of it."""
-    spec = recipe.dgrad
-    if spec.high_precision:
+    dgrad = plan.dgrad
+    if dgrad is None:
         return None, g2
-    a, keep_g = _quantize_and_keep(g2, spec.a, recipe.wgrad.a, wgrad_runs, f"{name} dgrad: dy")
-    return (a, _transposed(w, spec.b, f"{name} dgrad: w.T")), keep_g
+    a, keep_g = _quantize_and_keep(
+        g2, dgrad.a, plan.transposed_operand("g"), wgrad_runs, f"{name} dgrad: dy"
+    )
+    return (a, _transposed(w, dgrad.b, f"{name} dgrad: w.T")), keep_g
 
 
-def wgrad_operands(g2, x2, recipe, name="linear"):
+def wgrad_operands(g2, x2, plan, name="linear"):
     """(a, b) of dw = g.T @ x: g.T (N, M) and x.T (K, M), quantized along the tokens M;
     None for a high-precision GEMM. `g2`, `x2`: the high-precision tensors, or the codes
     of them that `dgrad_operands` and `forward_operands` kept."""
-    spec = recipe.wgrad
-    if spec.high_precision:
+    wgrad = plan.wgrad
+    if wgrad is None:
         return None
     return (
-        _transposed(g2, spec.a, f"{name} wgrad: dy.T"),
-        _transposed(x2, spec.b, f"{name} wgrad: x.T"),
+        _transposed(g2, wgrad.a, f"{name} wgrad: dy.T"),
+        _transposed(x2, wgrad.b, f"{name} wgrad: x.T"),
     )
 
 
-def keeps_codes(backward_scheme, earlier_scheme) -> bool:
-    """Whether a backward GEMM takes codes already made of a tensor, transposed, instead
-    of quantizing it: only under tensorwise scaling, and only with the very scheme."""
-    return isinstance(backward_scheme, lowp.TensorScaling) and backward_scheme == earlier_scheme
+def _quantize_and_keep(t, operand, later, later_runs: bool, name: str):
+    """(t quantized as `operand` says, what the `later` operand, t read transposed, keeps
+    of t): codes of t made now, which `_transposed` views transposed, else t itself, to
+    be quantized then. `later`: None where that GEMM runs in high precision.
 
-
-def _quantize_and_keep(t, scheme, later_scheme, later_runs: bool, name: str):
-    """(quantize(t, scheme), what a later GEMM that takes t.T quantized with
-    `later_scheme` keeps of t): codes of t made now, which `_transposed` views
-    transposed, else t itself, to be quantized then.
-
-    Codes are made now, the bytes `_transposed(t, later_scheme)` would make, where
-    - the later scheme is tensorwise and the very same (`keeps_codes`): t's codes;
+    Codes are made now, the bytes `_transposed(t, later)` would make, where
+    - the plan reuses t's codes (`OperandPlan.reuses_codes`, tensorwise): t's codes;
     - `quantize_both` makes both from one read of t (`_one_read`) and the later GEMM
       will run: its codes along t's first axis, kept in fp8 instead of t.
     """
-    if keeps_codes(later_scheme, scheme):
-        q = _quantize.quantize(t, scheme, name=name)
+    if later is not None and later.reuses_codes:
+        q = _quantize.quantize(t, operand.scheme, name=name)
         return q, q
-    if later_runs and _one_read(t, scheme, later_scheme, name):
+    if later_runs and _one_read(t, later, name):
         from lowp_torch import _triton_casts  # imports triton: only when it runs
 
-        return _triton_casts.quantize_both(t, scheme)
-    return _quantize.quantize(t, scheme, name=name), t
+        return _triton_casts.quantize_both(t, operand.scheme)
+    return _quantize.quantize(t, operand.scheme, name=name), t
 
 
-def _one_read(t, scheme, later_scheme, name: str) -> bool:
-    """Whether `quantize_both(t, scheme)` gives `quantize(t, scheme)` and the codes of
-    `_transposed(t, later_scheme)`: the later scheme is the same AxisScaling or fp8
-    MXScaling (so along t's first axis it is `quantize_both`'s second, and fp4 would
-    be packed across the wrong axis), and `quantize` takes the Triton casts for t in
-    both orientations (eager, CUDA or the forced interpreter, shapes that suit)."""
-    if later_scheme != scheme or not isinstance(scheme, (lowp.AxisScaling, lowp.MXScaling)):
-        return False
-    along_first = _along_first_axis(later_scheme)
-    return along_first is not None and all(
-        _cast_kernels.use_triton(
-            t,
-            s,
-            rounding="nearest",
-            random_bits=None,
-            seed=None,
-            offset=0,
-            check_finite=False,
-            name=name,
+def _one_read(t, later, name: str) -> bool:
+    """Whether `quantize_both(t, scheme)` gives t's codes for its earlier GEMM and those
+    `_transposed(t, later)` makes: the plan says both GEMMs take the very scheme, which
+    applies along t's first axis (`OperandPlan.shares_scheme`), and `quantize` takes the
+    Triton casts for t with it in both orientations (eager, CUDA or the forced
+    interpreter, shapes that suit, AxisScaling or MXScaling)."""
+    return (
+        later is not None
+        and later.shares_scheme
+        and all(
+            _cast_kernels.use_triton(
+                t,
+                s,
+                rounding="nearest",
+                random_bits=None,
+                seed=None,
+                offset=0,
+                check_finite=False,
+                name=name,
+            )
+            for s in (later.scheme, later.along_first_axis)
         )
-        for s in (scheme, along_first)
     )
 
 
-def _transposed(t, scheme, name: str) -> QuantizedTensor:
-    """`t.T` quantized with `scheme` along its last axis, for a 2-D t.
+def _transposed(t, operand, name: str) -> QuantizedTensor:
+    """`t.T` quantized as `operand` (a transposed operand of the plan) says, for a 2-D t.
 
-    t is quantized where it lies, along its first axis, and the result viewed
-    transposed: the same groups, so the bytes of quantizing a transposed copy, without
-    making one (Transformer Engine's "columnwise" quantization does the same). Fused
-    with the quantization of t along its last axis, the transposed copy also trips an
-    Inductor CPU codegen assertion for MX blocks (torch 2.13, `try_loop_split`).
-    Packed fp4 codes must run along the last axis: those schemes quantize the copy.
+    t is quantized where it lies, along its first axis (`OperandPlan.along_first_axis`),
+    and the result viewed transposed: the same groups, so the bytes of quantizing the
+    transposed copy, without making one (Transformer Engine's "columnwise" quantization
+    does the same). Fused with the quantization of t along its last axis, the transposed
+    copy also trips an Inductor CPU codegen assertion for MX blocks (torch 2.13,
+    `try_loop_split`). Packed fp4 codes must run along the last axis: those schemes
+    quantize the copy.
     """
     if isinstance(t, QuantizedTensor):  # codes already made (`_quantize_and_keep`)
         return _tensor_ops.permute(t, [1, 0], op="transpose")
-    along_first = _along_first_axis(scheme)
+    along_first = operand.along_first_axis
     if along_first is None:
-        return _quantize.quantize(t.t().contiguous(), scheme, name=name)
+        return _quantize.quantize(t.t().contiguous(), operand.scheme, name=name)
     q = _quantize.quantize(t, along_first, name=name)
     return _tensor_ops.permute(q, [1, 0], op="transpose")
-
-
-def _along_first_axis(scheme):
-    """The scheme that groups a 2-D t as `scheme` groups t.T; None for packed fp4."""
-    if scheme.fmt == "float4_e2m1fn":
-        return None
-    if isinstance(scheme, lowp.TensorScaling):
-        return scheme
-    if isinstance(scheme, (lowp.AxisScaling, lowp.MXScaling)):
-        return dataclasses.replace(scheme, axis=-2)
-    if isinstance(scheme, lowp.BlockScaling):
-        return dataclasses.replace(scheme, block=scheme.block[::-1])
-    raise TypeError(f"not a lowp scheme for an fp8 GEMM operand: {scheme!r}")
 
 
 # --- the autograd Function ---
@@ -263,13 +252,13 @@ def quantized_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    recipe: lowp.Recipe,
+    plan: extend.LinearPlan,
     lowering: Lowering,
     main_grad: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` with its forward and backward GEMMs run as `recipe`
-    says: `lowp_torch.Linear`'s call where the small-shape policy (`in_high_precision`)
-    has not sent it to `high_precision_linear`.
+    """`F.linear(x, weight, bias)` with its forward and backward GEMMs run as the plan of
+    a recipe says: `lowp_torch.Linear`'s call where the small-shape policy
+    (`in_high_precision`) has not sent it to `high_precision_linear`.
 
     y and dx have x's dtype (under autocast, the autocast dtype: x is cast to it, as
     `F.linear` would; the weight is quantized from its own dtype), dw the weight's, db
@@ -282,10 +271,10 @@ def quantized_linear(
         x = x.to(torch.get_autocast_dtype(device_type))
     grad_enabled = torch.is_grad_enabled()
     if grad_enabled and weight.requires_grad:  # else no wgrad GEMM will run
-        check_tokens(recipe, x, lowering)
+        check_tokens(plan, x, weight, lowering)
     # The emulated GEMMs are float32 matmuls: autocast must not lower them.
     with torch.autocast(device_type, enabled=False):
-        return _LinearFunction.apply(x, weight, bias, main_grad, recipe, lowering, grad_enabled)
+        return _LinearFunction.apply(x, weight, bias, main_grad, plan, lowering, grad_enabled)
 
 
 def in_high_precision(x, weight, recipe, lowering: Lowering) -> bool:
@@ -315,12 +304,11 @@ def fp8_kernels_run(recipe, device: torch.device, lowering: Lowering) -> bool:
     MX and NVFP4 on sm_100+, unless kernel="emulated"."""
     if lowering.kernel == "emulated" or device.type != "cuda":
         return False
-    block_scaled = isinstance(recipe.forward.a, (lowp.MXScaling, lowp.NVFP4Scaling))
     # Ints, not tuples: torch 2.11's Dynamo fails comparing the tuple that
     # assume_constant_result returns (InternalTorchDynamoError in a guard, seen on the
     # H200 with a compiled lowp_torch.Linear).
     major, minor = _gemm._cuda_capability(device.index)
-    return 10 * major + minor >= (100 if block_scaled else 89)
+    return 10 * major + minor >= (100 if recipe.block_scaled else 89)
 
 
 def high_precision_linear(x, weight, bias, main_grad, device_type: str):
@@ -371,43 +359,43 @@ class _HighPrecisionFunction(torch.autograd.Function):
 
 class _LinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, main_grad, recipe, lowering, grad_enabled):
+    def forward(ctx, x, weight, bias, main_grad, plan, lowering, grad_enabled):
         x2 = x.reshape(-1, x.shape[-1])
         # The forward itself runs without grad, and needs_input_grad ignores no_grad:
         # `grad_enabled` says whether a backward can follow at all.
         dgrad_runs = grad_enabled and ctx.needs_input_grad[0]
         wgrad_runs = grad_enabled and ctx.needs_input_grad[1]
-        (a, b), kept = forward_operands(x2, weight, recipe, lowering.name, dgrad_runs, wgrad_runs)
-        y = _product(a, b, recipe.forward, x.dtype, lowering, "forward", bias)
+        (a, b), kept = forward_operands(x2, weight, plan, lowering.name, dgrad_runs, wgrad_runs)
+        y = _product(a, b, plan.forward, x.dtype, lowering, bias)
         ctx.save_for_backward(*kept)
         # main_grad is not a saved tensor: the backward adds into it, and a layer used
         # twice in one step would find the version it saved already bumped.
-        ctx.recipe, ctx.lowering, ctx.main_grad = recipe, lowering, main_grad
+        ctx.plan, ctx.lowering, ctx.main_grad = plan, lowering, main_grad
         ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, dy):
         keep_x, keep_w = ctx.saved_tensors
-        recipe, lowering, main_grad = ctx.recipe, ctx.lowering, ctx.main_grad
+        plan, lowering, main_grad = ctx.plan, ctx.lowering, ctx.main_grad
         g2 = dy.reshape(-1, dy.shape[-1])
         dgrad_runs, wgrad_runs = ctx.needs_input_grad[:2]
         dx = dw = db = None
         keep_g = g2
         if dgrad_runs:
-            dgrad, keep_g = dgrad_operands(g2, keep_w, recipe, lowering.name, wgrad_runs)
+            dgrad, keep_g = dgrad_operands(g2, keep_w, plan, lowering.name, wgrad_runs)
             if dgrad is None:
                 dx = _high_precision_mm(g2, keep_w.t(), ctx.x_dtype)
             else:
-                dx = _product(*dgrad, recipe.dgrad, ctx.x_dtype, lowering, "dgrad")
+                dx = _product(*dgrad, plan.dgrad, ctx.x_dtype, lowering)
             dx = dx.reshape(ctx.x_shape)
         if wgrad_runs:
             out_dtype = ctx.w_dtype if main_grad is None else torch.float32
-            wgrad = wgrad_operands(keep_g, keep_x, recipe, lowering.name)
+            wgrad = wgrad_operands(keep_g, keep_x, plan, lowering.name)
             if wgrad is None:
                 dw = _high_precision_mm(g2.t(), keep_x, out_dtype)
             else:
-                dw = _product(*wgrad, recipe.wgrad, out_dtype, lowering, "wgrad")
+                dw = _product(*wgrad, plan.wgrad, out_dtype, lowering)
             if main_grad is not None:
                 main_grad.add_(dw)
                 dw = None
@@ -437,36 +425,29 @@ def _high_precision_mm(a: torch.Tensor, b: torch.Tensor, out_dtype) -> torch.Ten
 _MM_TAKES_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")
 
 
-def _product(a, b, spec, out_dtype, lowering, gemm: str, bias=None) -> torch.Tensor:
-    """One quantized GEMM `a @ b.T` on the kernel `lowering` picks."""
+def _product(a, b, gemm, out_dtype, lowering, bias=None) -> torch.Tensor:
+    """One quantized GEMM `a @ b.T` (`gemm`, its plan) on the kernel `lowering` picks."""
+    _, k, n = gemm.dims  # what the GEMM's K and N are in the layer's terms, for messages
     return _gemm.scaled_matmul(
         a,
         b,
         out_dtype=out_dtype,
         bias=bias,
         kernel=lowering.kernel,
-        fast_accum=spec.fast_accum,
+        fast_accum=gemm.fast_accum,
         pad_to_16=lowering.pad_to_16,
-        name=f"{lowering.name} {gemm}",
-        dim_names=_GEMM_DIMS[gemm],
+        name=f"{lowering.name} {gemm.name}",
+        dim_names=(extend.DIM_NAMES[k], extend.DIM_NAMES[n]),
     )
-
-
-# What each GEMM's K and N are in a linear layer's terms, for scaled_matmul's messages.
-_GEMM_DIMS = {
-    "forward": ("in_features", "out_features"),
-    "dgrad": ("out_features", "in_features"),
-    "wgrad": ("tokens", "in_features"),
-}
 
 
 # --- shape checks, before any GEMM runs ---
 
 
-def check_layer(recipe, in_features: int, out_features: int, lowering: Lowering) -> None:
-    """ValueError naming the layer if its K or N does not suit the recipe's schemes (an
-    MX block must divide K for the forward and N for the dgrad), or, for an explicitly
-    requested fp8 kernel without padding, is not a multiple of 16."""
+def check_layer(plan, in_features: int, out_features: int, lowering: Lowering) -> None:
+    """ValueError naming the layer if its K or N does not suit the recipe's schemes
+    (`LinearPlan.check`: an MX block must divide K for the forward and N for the dgrad),
+    or, for an explicitly requested fp8 kernel without padding, is not a multiple of 16."""
     where = f"{lowering.name} (in_features={in_features}, out_features={out_features})"
     if lowering.kernel == "scaled_mm" and not lowering.pad_to_16:
         for dim, size in (("in_features", in_features), ("out_features", out_features)):
@@ -476,48 +457,32 @@ def check_layer(recipe, in_features: int, out_features: int, lowering: Lowering)
                     "needs; pass pad_to_16=True (zero-pads, exact), kernel='auto' (emulates "
                     "such GEMMs), or skip the layer with filter_fn"
                 )
-    k, n = in_features, out_features
-    # The tokens M are unknown until a call (`check_tokens`); 0 passes every scheme.
-    shapes = {
-        "forward": ((0, k), (n, k)),
-        "dgrad": ((0, n), (k, n)),
-        "wgrad": ((n, 0), (k, 0)),
-    }
-    for gemm, (a_shape, b_shape) in shapes.items():
-        spec = getattr(recipe, gemm)
-        if spec.high_precision:
-            continue
-        for role, scheme, shape in (("a", spec.a, a_shape), ("b", spec.b, b_shape)):
-            try:
-                scheme.check_shape(shape)
-            except ValueError as e:
-                raise ValueError(
-                    f"{where}: the {recipe.name} {gemm} GEMM cannot quantize its {role} operand "
-                    f"{shape} with {scheme}: {e}. Skip the layer with filter_fn"
-                ) from e
+    try:
+        plan.check(None, in_features, out_features)  # the tokens M are unknown until a call
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}. Skip the layer with filter_fn") from e
 
 
-def check_tokens(recipe, x: torch.Tensor, lowering: Lowering) -> None:
+def check_tokens(plan, x: torch.Tensor, weight: torch.Tensor, lowering: Lowering) -> None:
     """ValueError naming the layer if the token count M (the wgrad GEMM's reduction
-    dim) does not suit the recipe's wgrad schemes (an MX block must divide it) or, for
-    an explicitly requested fp8 kernel without padding, is not a multiple of 16."""
-    if recipe.wgrad.high_precision:
+    dim) does not suit the recipe's wgrad schemes (`LinearPlan.check`: an MX block must
+    divide it) or, for an explicitly requested fp8 kernel without padding, is not a
+    multiple of 16."""
+    if plan.wgrad is None:
         return
     m = math.prod(x.shape[:-1])
 
     def where():
-        return (
-            f"{lowering.name}: the input has M={m} tokens (its leading dims "
-            f"{tuple(x.shape[:-1])}), the reduction dim of the {recipe.name} wgrad GEMM"
-        )
+        lead = tuple(x.shape[:-1])
+        return f"{lowering.name}: the input has M={m} tokens (its leading dims {lead})"
 
     if lowering.kernel == "scaled_mm" and not lowering.pad_to_16 and m % 16:
         raise ValueError(
-            f"{where()}; kernel='scaled_mm' needs a multiple of 16: pass pad_to_16=True "
+            f"{where()}, the reduction dim of the {plan.recipe.name} wgrad GEMM; "
+            "kernel='scaled_mm' needs a multiple of 16: pass pad_to_16=True "
             "(zero-pads, exact) or kernel='auto'"
         )
-    for role, scheme in (("dy.T", recipe.wgrad.a), ("x.T", recipe.wgrad.b)):
-        try:
-            scheme.check_shape((1, m))
-        except ValueError as e:
-            raise ValueError(f"{where()}, along which it quantizes {role}: {e}") from e
+    try:
+        plan.check(m, weight.shape[1], weight.shape[0])
+    except ValueError as e:
+        raise ValueError(f"{where()}: {e}") from e

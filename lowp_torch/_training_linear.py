@@ -78,8 +78,9 @@ class Linear(nn.Linear):
     ):
         super().__init__(in_features, out_features, bias, device, dtype)
         self.recipe = _training.as_recipe(recipe)
+        self.plan = extend.LinearPlan.of(self.recipe)  # what each GEMM runs: `_training`
         self.lowering = _training.Lowering(kernel, pad_to_16, name, small_shapes)
-        _training.check_layer(self.recipe, in_features, out_features, self.lowering)
+        _training.check_layer(self.plan, in_features, out_features, self.lowering)
         if small_shapes == "auto" and not extend.layer_may_pay(in_features, out_features):
             _log.info_once(
                 f"{name} small shapes layer",
@@ -149,7 +150,7 @@ class Linear(nn.Linear):
                 x, self.weight, self.bias, main_grad, x.device.type
             )
         return _training.quantized_linear(
-            x, self.weight, self.bias, self.recipe, self.lowering, main_grad
+            x, self.weight, self.bias, self.plan, self.lowering, main_grad
         )
 
     def _check_input(self, x: torch.Tensor) -> None:

@@ -1,7 +1,7 @@
 """A transposed 2-D tensor of one-byte elements (fp8 codes) made contiguous, in Triton.
 
 The training backward feeds `torch._scaled_mm` operands that exist as transposed views:
-the forward's tensorwise codes of x and the dgrad's of dy (`_training.keeps_codes`),
+the forward's tensorwise codes of x and the dgrad's of dy (`LinearPlan.keeps_codes`),
 and the codes `quantize_both` writes along the first axis. The GEMM takes row-major
 A and column-major B, so each such view is copied once. Measured on the H200
 (torch 2.11): `.contiguous()` of a transposed 16384 x 8192 fp8 tensor runs PyTorch's

@@ -504,12 +504,13 @@ def _bad_calls():
         ),
         (
             ValueError,
-            r"the forward GEMM quantizes x of shape \(64, 48\) along K = 48",
+            r"the mxfp8 forward GEMM cannot quantize x of shape \(64, 48\) along K = 48 \(in_f",
             lambda: lowp_jax.training_dot_general(x[:, :48], w.T[:48], dims, recipe="mxfp8"),
         ),
         (
             ValueError,
-            r"the wgrad GEMM quantizes g.T of shape \(64, 10\) along M = 10 \(input shape \(10, 128\)",
+            r"mxfp8 wgrad GEMM cannot quantize g\.T of shape \(64, 10\) along M = 10 \(tokens\)"
+            + r": .*; the input has shape \(10, 128\)",
             lambda: jax.grad(
                 lambda x: lowp_jax.training_dot_general(x, w.T, dims, recipe="mxfp8").sum()
             )(odd),

@@ -33,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 import lowp
 import lowp_torch
+from lowp import extend
 from lowp_torch import _cast_kernels, _gemm, _log, _training
 
 RECIPES = lowp.Recipe.names()
@@ -405,7 +406,7 @@ def test_input_errors_name_the_layer_before_any_gemm():
     ):
         model(torch.randn(5, 63))
     with pytest.raises(
-        ValueError, match=r"^0: the input has M=40 tokens .*mxfp8 wgrad GEMM, along which"
+        ValueError, match=r"^0: the input has M=40 tokens .*mxfp8 wgrad GEMM cannot quantize g\.T"
     ):
         model(torch.randn(5, 8, 64))  # MX blocks of 32 run along the tokens in the wgrad
     with torch.no_grad():  # no wgrad GEMM, so any token count will do
@@ -463,7 +464,7 @@ MISMATCHED = {
 # The tensors quantized both ways in one training step where every GEMM runs, read
 # off spec §8's table: the same AxisScaling/MXScaling scheme in both of a tensor's GEMMs.
 BOTH_WAYS = {
-    "float8_tensorwise": set(),  # tensorwise keeps its forward codes (`keeps_codes`)
+    "float8_tensorwise": set(),  # tensorwise keeps its forward codes (`reuses_codes`)
     "float8_rowwise": {"x", "w", "dy"},
     "float8_rowwise_gw_hp": set(),  # dgrad's w is tensorwise; no wgrad GEMM
     "mxfp8": {"x", "w", "dy"},
@@ -678,10 +679,11 @@ def test_one_read_only_where_both_schemes_are_the_same(monkeypatch, scheme, late
     AxisScaling/MXScaling scheme equal to the first (its codes along t's first axis
     are then `_transposed`'s); and only where `use_triton` says the casts run."""
     t = torch.ones(64, 64)
+    operand = None if later is None else extend.OperandPlan("x", True, later, earlier=scheme)
     monkeypatch.setattr(_cast_kernels, "use_triton", lambda *args, **kwargs: True)
-    assert _training._one_read(t, scheme, later, "t") is one_read
+    assert _training._one_read(t, operand, "t") is one_read
     monkeypatch.setattr(_cast_kernels, "use_triton", lambda *args, **kwargs: False)
-    assert _training._one_read(t, scheme, later, "t") is False
+    assert _training._one_read(t, operand, "t") is False
 
 
 @pytest.mark.parametrize("recipe", ["float8_rowwise", "mxfp8"])

@@ -1,0 +1,226 @@
+"""How a recipe runs a linear layer: which operand each GEMM reads, in which orientation,
+with which scheme, and what the forward keeps for the backward. Computed here once;
+each frontend executes it.
+
+For `y = x @ w.T` with x: (M, K), w: (N, K) and g = dL/dy: (M, N), every GEMM is
+`a @ b.T` with both operands quantized along their last axis, the GEMM's reduction
+axis (spec §8):
+
+    forward  y  = x   @ w.T     a = x   (M, K)   b = w   (N, K)   reduce over K
+    dgrad    dx = g   @ w       a = g   (M, N)   b = w.T (K, N)   reduce over N
+    wgrad    dw = g.T @ x       a = g.T (N, M)   b = x.T (K, M)   reduce over M
+
+Each tensor is read twice: as it lies by one GEMM, transposed by a later one (x by the
+forward, then the wgrad; w by the forward, then the dgrad; g by the dgrad, then the
+wgrad). The transposed operand is quantized from the high-precision tensor, never from
+the other orientation's codes, except under tensorwise scaling with the very scheme the
+tensor was quantized with before: one scale does not care about orientation and codes
+are elementwise, so those codes, transposed, are the bytes quantizing the transpose
+gives (`OperandPlan.reuses_codes`). Then the earlier GEMM keeps its codes for the later
+one instead of the high-precision tensor (`LinearPlan.keeps_codes`).
+
+How a frontend quantizes a transposed operand is its own business, as long as the bytes
+are those of quantizing a transposed copy: in place along the tensor's first axis
+(`OperandPlan.along_first_axis`), both orientations from one read where the two schemes
+are the same (`OperandPlan.shares_scheme`), or a kernel that writes the codes
+transposed.
+
+>>> plan = LinearPlan.of(Recipe.from_name("float8_tensorwise"))
+>>> plan.wgrad.b.name, plan.wgrad.b.reuses_codes, plan.keeps_codes("x")
+('x.T', True, True)
+>>> plan = LinearPlan.of(Recipe.from_name("mxfp8_gw_hp"))
+>>> plan.wgrad is None, plan.dgrad.b.along_first_axis
+(True, MXScaling(fmt='float8_e4m3fn', block=32, mode='rceil', axis=-2))
+"""
+
+import dataclasses
+
+from lowp import _schemes
+from lowp._recipes import GemmSpec, Recipe
+
+DIM_NAMES = {"M": "tokens", "K": "in_features", "N": "out_features"}
+TENSOR_DIMS = {"x": ("M", "K"), "w": ("N", "K"), "g": ("M", "N")}
+# The operands (a, b) of each GEMM `a @ b.T`: a tensor, and whether the GEMM reads it
+# transposed. In this order each tensor is read as it lies before it is read transposed.
+_OPERANDS = {
+    "forward": (("x", False), ("w", False)),
+    "dgrad": (("g", False), ("w", True)),
+    "wgrad": (("g", True), ("x", True)),
+}
+
+
+def along_first_axis(scheme: _schemes.Scheme) -> _schemes.Scheme | None:
+    """The scheme that groups a 2-D t, along its first axis, as `scheme` groups t.T along
+    its last: quantizing t with it and viewing the result transposed gives the bytes of
+    quantizing a transposed copy with `scheme`. None for packed fp4, whose codes pair up
+    along the last axis: quantize the copy."""
+    if scheme.fmt == "float4_e2m1fn":
+        return None
+    if isinstance(scheme, _schemes.TensorScaling):
+        return scheme
+    if isinstance(scheme, (_schemes.AxisScaling, _schemes.MXScaling)):
+        return dataclasses.replace(scheme, axis=-2)
+    if isinstance(scheme, _schemes.BlockScaling):
+        return dataclasses.replace(scheme, block=scheme.block[::-1])
+    raise TypeError(f"not a lowp scheme for a GEMM operand: {scheme!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OperandPlan:
+    """One quantized operand of a GEMM `a @ b.T`.
+
+    Attributes:
+      tensor: "x", "w" or "g", the layer's tensor the operand is made of.
+      transposed: whether the GEMM reads the tensor transposed.
+      scheme: the recipe's scheme, along the operand's last axis as the GEMM reads it.
+      earlier: for a transposed operand, the scheme an earlier GEMM quantized the same
+        tensor with, as it lies; None where no earlier GEMM quantizes it.
+    """
+
+    tensor: str
+    transposed: bool
+    scheme: _schemes.Scheme
+    earlier: _schemes.Scheme | None = None
+
+    @property
+    def name(self) -> str:
+        """The operand for messages: "x", "w", "g", or "w.T", "g.T", "x.T" read transposed."""
+        return self.tensor + (".T" if self.transposed else "")
+
+    @property
+    def dims(self) -> tuple[str, str]:
+        """The operand's dims as the GEMM reads it, among "M", "K", "N"."""
+        dims = TENSOR_DIMS[self.tensor]
+        return dims[::-1] if self.transposed else dims
+
+    @property
+    def reuses_codes(self) -> bool:
+        """Whether the operand is the earlier codes of its tensor, transposed, instead of a
+        quantization of its own: only under tensorwise scaling with the very same scheme,
+        whose one scale and elementwise codes do not care about orientation."""
+        return isinstance(self.scheme, _schemes.TensorScaling) and self.scheme == self.earlier
+
+    @property
+    def along_first_axis(self) -> _schemes.Scheme | None:
+        """For a transposed operand, the scheme that quantizes its tensor where it lies,
+        along the first axis (`along_first_axis`); None for packed fp4 or an operand read
+        as it lies."""
+        return along_first_axis(self.scheme) if self.transposed else None
+
+    @property
+    def shares_scheme(self) -> bool:
+        """Whether the tensor's earlier GEMM takes this very scheme and the operand needs
+        its own codes along the tensor's first axis (not reused, not packed fp4): a
+        frontend may then quantize the tensor both ways from one read, and keep the codes
+        along its first axis for this GEMM instead of the tensor."""
+        return (
+            self.scheme == self.earlier
+            and not self.reuses_codes
+            and self.along_first_axis is not None
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmPlan:
+    """One quantized GEMM `a @ b.T` of a linear layer.
+
+    Attributes:
+      name: "forward", "dgrad" or "wgrad".
+      a, b: its operands.
+      fast_accum: the recipe allows the GEMM's fast (reduced-precision) fp8 accumulation.
+    """
+
+    name: str
+    a: OperandPlan
+    b: OperandPlan
+    fast_accum: bool
+
+    @property
+    def dims(self) -> tuple[str, str, str]:
+        """The GEMM's own (rows, reduction, columns) as the layer's dims: ("M", "K", "N")
+        for the forward, ("M", "N", "K") for the dgrad, ("N", "M", "K") for the wgrad."""
+        return self.a.dims + self.b.dims[:1]
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearPlan:
+    """How `recipe` runs the three GEMMs of a linear layer (`LinearPlan.of`).
+
+    Attributes:
+      recipe: the recipe.
+      forward, dgrad, wgrad: each GEMM's plan; None for one the recipe runs in high
+        precision (the forward never is).
+    """
+
+    recipe: Recipe
+    forward: GemmPlan
+    dgrad: GemmPlan | None
+    wgrad: GemmPlan | None
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> "LinearPlan":
+        """The plan of `recipe`; TypeError for anything that is not a Recipe."""
+        if not isinstance(recipe, Recipe):
+            raise TypeError(f"expected a lowp.Recipe, got {recipe!r}")
+        earlier = {}  # tensor -> the scheme a GEMM quantized it with, as it lies
+        gemms = {}
+        for name, operands in _OPERANDS.items():
+            spec: GemmSpec = getattr(recipe, name)
+            if spec.high_precision:
+                gemms[name] = None
+                continue
+            plans = []
+            for (tensor, transposed), scheme in zip(operands, (spec.a, spec.b)):
+                before = earlier.get(tensor) if transposed else None
+                plans.append(OperandPlan(tensor, transposed, scheme, before))
+                if not transposed:
+                    earlier[tensor] = scheme
+            gemms[name] = GemmPlan(name, *plans, spec.fast_accum)
+        return cls(recipe, **gemms)
+
+    def transposed_operand(self, tensor: str) -> OperandPlan | None:
+        """The operand that reads `tensor` ("x", "w" or "g") transposed: the wgrad's x.T,
+        the dgrad's w.T, the wgrad's g.T; None where that GEMM runs in high precision."""
+        if tensor not in TENSOR_DIMS:
+            raise ValueError(f"a linear layer's tensors are {tuple(TENSOR_DIMS)}, got {tensor!r}")
+        for gemm in (self.dgrad, self.wgrad):
+            for op in () if gemm is None else (gemm.a, gemm.b):
+                if op.tensor == tensor and op.transposed:
+                    return op
+        return None
+
+    def keeps_codes(self, tensor: str) -> bool:
+        """Whether the GEMM that quantizes `tensor` as it lies (the forward for x and w,
+        the dgrad for g) keeps those codes for the GEMM that reads it transposed, instead
+        of the high-precision tensor (`OperandPlan.reuses_codes`)."""
+        later = self.transposed_operand(tensor)
+        return later is not None and later.reuses_codes
+
+    def check(self, m: int | None, k: int, n: int, *, backward: bool = True) -> None:
+        """ValueError if a quantized GEMM's scheme cannot take its operand, for x (m, k),
+        w (n, k) and g (m, n), naming the GEMM, the operand, the dim and the scheme's own
+        reason (an MX block must divide K for the forward, N for the dgrad, M for the
+        wgrad).
+
+        Args:
+          m: the tokens, or None where they are not known yet (a layer checked when it is
+            built): then M is taken as 0, which every scheme takes, and only K and N are
+            checked.
+          backward: False checks the forward GEMM alone (a call that is not
+            differentiated).
+        """
+        sizes = {"M": 0 if m is None else m, "K": k, "N": n}
+        gemms = (self.forward, self.dgrad, self.wgrad) if backward else (self.forward,)
+        for gemm in gemms:
+            if gemm is None:
+                continue
+            for op in (gemm.a, gemm.b):
+                shape = tuple(sizes[d] for d in op.dims)
+                try:
+                    op.scheme.check_shape(shape)
+                except ValueError as e:
+                    dim = op.dims[-1]
+                    raise ValueError(
+                        f"the {self.recipe.name} {gemm.name} GEMM cannot quantize {op.name} of "
+                        f"shape {shape} along {dim} = {shape[-1]} ({DIM_NAMES[dim]}): {e}"
+                    ) from e
