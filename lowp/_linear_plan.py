@@ -162,21 +162,25 @@ class LinearPlan:
         """The plan of `recipe`; TypeError for anything that is not a Recipe."""
         if not isinstance(recipe, Recipe):
             raise TypeError(f"expected a lowp.Recipe, got {recipe!r}")
-        earlier = {}  # tensor -> the scheme a GEMM quantized it with, as it lies
-        gemms = {}
+        # tensor -> the scheme a GEMM quantized it with, as it lies
+        earlier: dict[str, _schemes.Scheme] = {}
+        gemms: dict[str, GemmPlan | None] = {}
         for name, operands in _OPERANDS.items():
             spec: GemmSpec = getattr(recipe, name)
-            if spec.high_precision:
+            if spec.a is None or spec.b is None:  # high precision
                 gemms[name] = None
                 continue
-            plans = []
-            for (tensor, transposed), scheme in zip(operands, (spec.a, spec.b)):
-                before = earlier.get(tensor) if transposed else None
-                plans.append(OperandPlan(tensor, transposed, scheme, before))
-                if not transposed:
-                    earlier[tensor] = scheme
-            gemms[name] = GemmPlan(name, *plans, spec.fast_accum)
-        return cls(recipe, **gemms)
+            a, b = (
+                OperandPlan(tensor, transposed, scheme, earlier.get(tensor) if transposed else None)
+                for (tensor, transposed), scheme in zip(operands, (spec.a, spec.b), strict=True)
+            )
+            for operand in (a, b):
+                if not operand.transposed:
+                    earlier[operand.tensor] = operand.scheme
+            gemms[name] = GemmPlan(name, a, b, spec.fast_accum)
+        forward = gemms["forward"]
+        assert forward is not None  # Recipe refuses a high-precision forward
+        return cls(recipe, forward, gemms["dgrad"], gemms["wgrad"])
 
     def transposed_operand(self, tensor: str) -> OperandPlan | None:
         """The operand that reads `tensor` ("x", "w" or "g") transposed: the wgrad's x.T,
