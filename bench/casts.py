@@ -6,7 +6,7 @@ For each scheme, at 16384 x 16384 bfloat16 by default, three ways to run
 (`cast_kernels("torch")`), and `torch.compile` of that algorithm (Inductor's own fused
 kernels). Each is checked byte for byte against the Triton result once, then timed.
 
-Bandwidth counts each scheme's minimum bytes moved (issue 7), with n elements of b
+Bandwidth counts each scheme's minimum bytes moved, with n elements of b
 bytes (b = 2 for bf16), K the length of a row:
 
     copy                      2bn        (read + write: the baseline, timed in the same run)
@@ -19,7 +19,7 @@ bytes (b = 2 for bf16), K the length of a row:
     mxfp8_both                bn + 2n + 2n/32
 
 The "_both" rows have no torch-ops or compiled equivalent in one call; their baseline
-is the sum of the two single-orientation rows. Targets (issue 7): tensorwise, rowwise
+is the sum of the two single-orientation rows. Targets (docs/performance.md): tensorwise, rowwise
 and mxfp8 on the Triton path at >= 0.85 of copy.
 
     python bench/casts.py                              # H200: the table, JSON in bench/results/

@@ -28,7 +28,7 @@ goes on; with --time-budget, items that no longer fit are skipped and recorded):
 MX recipes have no MX GEMM before sm_100: on Hopper (and CPU) their GEMMs are
 emulated, and their rows say "numerics only". Results: bench/results/run_<device>_<time>.json
 holds every row, skip and error, rewritten after each row; --summary PATH writes the
-summary in issue 7's form (bench/summary.py), also as the run goes.
+targets summary (bench/summary.py), also as the run goes.
 
 A full H200 run takes longer than one 10-minute GPU call: split it by section (every
 ratio compares rows of one section, so each stays within one run) and merge:
@@ -190,7 +190,7 @@ def linear(ctx: Context, sec: _record.Section) -> None:
                 for mode in modes:
                     _linear_item(ctx, sec, "lowp", recipe, mode, tensors, shape)
                 if recipe in linear_step.TORCHAO_RECIPE and not torchao_why:
-                    for mode in reversed(modes):  # compiled first: the number issue 7 compares
+                    for mode in reversed(modes):  # compiled first: the number the targets compare
                         _linear_item(ctx, sec, "torchao", recipe, mode, tensors, shape)
                 sec.item(
                     f"{shape} limit {recipe}",
@@ -487,7 +487,7 @@ def parse(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--time-budget", type=float, default=None, help="seconds for the run")
     parser.add_argument("--out", default="", help="results file (default: bench/results/run_*)")
-    parser.add_argument("--summary", default="", help="also write the issue-7 summary here")
+    parser.add_argument("--summary", default="", help="also write the targets summary here")
     parser.add_argument(
         "--from-results",
         nargs="+",

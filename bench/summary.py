@@ -1,10 +1,10 @@
-"""The run's summary, in the form issue 7 commits as bench/results/h200.json, and its table.
+"""The run's summary of the targets, the form bench/results/h200.json holds, and its table.
 
 Built from the sections' rows alone, so one run's results file, or several (a run
 split over two GPU calls), give the same summary. Speed ratios are "how many times
 faster than bf16": bf16 time over the variant's time, against the faster of bf16
 eager and bf16 compiled measured in the same run where both were measured. The four
-keys of the issue's form come first, as it spells them; everything after them is
+keys of the targets come first; everything after them is
 detail.
 """
 
@@ -89,8 +89,8 @@ def _casts_by_path(rows) -> dict:
 
 
 def _linear(rows):
-    """The issue's {recipe: {shape: {eager, compiled, torchao_compiled, limit}}}, and the
-    detail: torchao eager, each variant's time as a fraction of the limit's (issue 7
+    """The targets' {recipe: {shape: {eager, compiled, torchao_compiled, limit}}}, and the
+    detail: torchao eager, each variant's time as a fraction of the limit's (the target
     asks >= 0.9), the GEMM kernels, and the milliseconds behind every ratio."""
     bf16 = _fastest_bf16(rows)
     ms = {}  # (recipe, shape, variant) -> ms

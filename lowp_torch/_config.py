@@ -12,9 +12,9 @@ KERNELS = ("auto", "scaled_mm", "fbgemm", "emulated")
 class LinearConfig:
     """What a QuantizedTensor weight does when a model multiplies by it.
 
-    `quantize_` attaches one to each weight it quantizes (following the seed review:
-    the weight carries the activation config, and its linear override quantizes the
-    input, then dispatches the GEMM). A bare QuantizedTensor from `quantize` has none
+    `quantize_` attaches one to each weight it quantizes: the weight carries the
+    activation config, and its linear override quantizes the input, then dispatches the
+    GEMM. A bare QuantizedTensor from `quantize` has none
     and multiplies as its dequantized values.
 
     Attributes:

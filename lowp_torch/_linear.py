@@ -1,6 +1,6 @@
 """Linear and matmul with a QuantizedTensor operand: quantize the input, then the GEMM.
 
-Following the seed review (001): the weight carries the activation config
+The weight carries the activation config
 (`QuantizedTensor.linear.activation`), and this override quantizes the input with it
 and dispatches the GEMM to `scaled_matmul`, inline:
 

@@ -129,7 +129,7 @@ class QuantizedTensor(torch.Tensor):
         return linear_of(self)
 
     def __setattr__(self, name, value):
-        if name in _FIELDS:  # as the frozen dataclass of slice 1: fields don't change
+        if name in _FIELDS:  # the quantized fields are fixed, as in a frozen dataclass
             raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
         super().__setattr__(name, value)
 

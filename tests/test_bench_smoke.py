@@ -1,4 +1,4 @@
-"""bench/run.py --small: the sections run on CPU and the summary has issue 7's form.
+"""bench/run.py --small: the sections run on CPU and the summary has the targets' form.
 
 One small run (about 10 s of CPU) feeds the checks; the error, budget and merge paths
 are checked without measuring anything heavy.

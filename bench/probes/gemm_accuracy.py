@@ -16,7 +16,7 @@ with K. This measures both, on one set of tensorwise e4m3 operands per case, thr
   GPUs with fp8 GEMMs only);
 - "bf16_rounding": the exact product rounded to bfloat16, the floor of a bf16 output.
 
---time times the GEMMs at the issue's LLM shapes (`time_row` says what each pair is).
+--time times the GEMMs at the LLM shapes of docs/performance.md (`time_row` says what each pair is).
 
 Off the GPU XLA has no fast accumulation: "fast" and "split" are the same dot there. On
 a GPU each row also lists the jax paths that XLA ran elsewhere than cuBLASLt's fp8 GEMM
@@ -47,7 +47,7 @@ from lowp_apps.conformance import gemm as _gemm_conformance
 from lowp_jax import _dot
 
 SHAPES = ((512, 256, 2048), (512, 1024, 2048), (512, 4096, 2048), (512, 16384, 2048))
-TIMED_SHAPES = ((16384, 4096, 14336), (16384, 8192, 8192))  # the LLM shapes
+TIMED_SHAPES = ((16384, 4096, 14336), (16384, 8192, 8192))  # the LLM shapes of docs/performance.md
 SCHEME = lowp.TensorScaling("float8_e4m3fn")
 
 # {name: (x, w) from standard normals}: how the signs of the products x_ik * w_jk fall

@@ -17,7 +17,7 @@ write bf16 and are scaled in bf16). So `step - casts - gemms` is what fusing the
 saves or costs, `gemms - raw` the price of lowp's float32 output, and
 `flax - raw` what flax spends outside the GEMMs.
 
-    python bench/probes/jax_step_parts.py                       # H200: the issue's two shapes
+    python bench/probes/jax_step_parts.py                       # H200: the two LLM shapes
     python bench/probes/jax_step_parts.py --variants xT_copy  # also without the transposed cast kernel
     python bench/probes/jax_step_parts.py --shapes 256x512x384 --recipes float8_tensorwise  # CPU smoke
     python bench/probes/jax_step_parts.py --variants f32_out --no-parts  # steps only
@@ -376,7 +376,7 @@ def shape_inputs(m, k, n):
 def as_run_results(rows, meta: dict) -> dict:
     """The steps of `rows` (bf16, flax's, each recipe's; not the parts, not the variants)
     as a results file of bench/run.py's "jax" section, all timed side by side, which
-    `run.py --from-results` merges into the issue-7 summary."""
+    `run.py --from-results` merges into the targets summary."""
     # a variant's step is labelled "recipe (variant)" (`step_label`)
     steps = [r for r in rows if r["part"] == "step" and "(" not in r["recipe"]]
     out = []

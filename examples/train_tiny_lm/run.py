@@ -14,7 +14,7 @@ and prints the table: per framework and run, the loss at step 0 (the same weight
 batch in both frameworks, so the same number to about 1e-5), the final training loss
 (mean of the last 20 steps, which every run took on the same batches), the final
 held-out loss, each one's ratio to the same framework's bf16 run, whether both ratios
-are within 3% of 1 (issue 6's bar), whether resuming from the mid-run checkpoint
+are within 3% of 1 (the bar the docs set), whether resuming from the mid-run checkpoint
 reproduced the losses and weights bit for bit, and the training time.
 """
 

@@ -1,5 +1,5 @@
 """PyTorch and JAX, given the same recipe, weights and batch, quantize every GEMM operand
-of a linear layer's forward and backward to identical bytes (issue 6, spec §8).
+of a linear layer's forward and backward to identical bytes (spec §8).
 
 Both frontends expose the operands their training layers feed the three GEMMs through
 `training_operands(x, w, g, recipe)`; each is compared with the other and with the NumPy

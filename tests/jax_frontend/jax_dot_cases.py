@@ -8,7 +8,7 @@ import lowp
 import lowp_jax
 
 PRESETS = lowp.InferenceConfig.names()
-# Spec §8 / issue 4 floors for a quantized layer's output against high precision.
+# Spec §8 floors for a quantized layer's output against high precision.
 LAYER_SQNR_DB = {name: (12.0 if name in ("mxfp4", "nvfp4") else 25.0) for name in PRESETS}
 GEMM_SQNR_DB = 40.0  # spec §7: every path against the product of its dequantized operands
 K, N = 256, 48  # K divides every preset's blocks (16, 32, 128); N is no multiple of 32

@@ -42,7 +42,7 @@ def _nnx_pair(preset, x_dtype=np.float32):
 @pytest.mark.parametrize("preset", C.PRESETS)
 def test_quantized_nnx_linear_sqnr(preset, rank):
     """Quantized at each call or from quantize_params: the same bits, and within the
-    issue's SQNR floor of the high-precision layer (25 dB float8/mxfp8, 12 dB fp4)."""
+    SQNR floor against the high-precision layer (25 dB float8/mxfp8, 12 dB fp4)."""
     hp, q = _nnx_pair(preset)
     x, _ = C.operands(C.SHAPES[rank], seed=rank)
     want = hp(x)

@@ -37,7 +37,7 @@ RECIPES = lowp.Recipe.names()
 ON_GPU = jax.default_backend() == "gpu"
 A_BT = (((1,), (1,)), ((), ()))  # a @ b.T, the orientation of every GEMM in lowp/_recipes.py
 
-# torchao's floors (issue 6): float8 output >= 18 dB and weight grad >= 17; mxfp8 output
+# torchao's floors: float8 output >= 18 dB and weight grad >= 17; mxfp8 output
 # >= 27, input grad >= 25, weight grad >= 24. torchao states none for the float8 input
 # grad: we hold it to the output's 18. A high-precision wgrad (the _gw_hp recipes) is
 # float32 throughout: 100 dB.
