@@ -44,7 +44,7 @@ INPUTS = (
 )
 HP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 SIZES = ("thin", "quick", "full")
-KINDS = ("tensor", "axis", "block", "mx", "nvfp4")
+KINDS = tuple(scheme_type.kind for scheme_type in extend.SCHEME_TYPES)  # the matrix rows
 EDGE_CASES = (
     "random",
     "zeros",
@@ -90,8 +90,8 @@ def schemes_for_rank(rank: int) -> list:
 
 
 def scheme_kind(scheme) -> str:
-    """ "tensor", "axis", "block", "mx" or "nvfp4": the rows of the conformance matrix."""
-    return type(scheme).__name__.replace("Scaling", "").lower()
+    """The scheme's `kind` ("tensor", "axis", "block", "mx", ...): its conformance matrix row."""
+    return scheme.kind
 
 
 def scheme_id(scheme) -> str:
@@ -189,7 +189,7 @@ def _thin() -> list[Configuration]:
     schemes += [lowp.NVFP4Scaling(), lowp.NVFP4Scaling(global_scale=False, block=8)]
     out = []
     for i, scheme in enumerate(schemes):
-        needs_rank2 = isinstance(scheme, lowp.BlockScaling) or getattr(scheme, "axis", -1) == 0
+        needs_rank2 = scheme.kind == "block" or getattr(scheme, "axis", -1) == 0
         rank = 1 if i % 4 == 0 and not needs_rank2 else 2 + i % 3
         hp_dtype, rounding = INPUTS[i % len(INPUTS)]
         out.append(Configuration(scheme, SHAPES[rank], hp_dtype, rounding, extras=i % 5 == 0))
