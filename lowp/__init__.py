@@ -10,12 +10,21 @@ from lowp._qtensor import QTensor
 from lowp._quantize import dequantize, quantize
 from lowp._recipes import GemmSpec, InferenceConfig, Recipe
 from lowp._rounding import random_bits
-from lowp._schemes import AxisScaling, BlockScaling, MXScaling, NVFP4Scaling, Scheme, TensorScaling
+from lowp._schemes import (
+    AxisScaling,
+    BlockScaling,
+    GroupScaling,
+    MXScaling,
+    NVFP4Scaling,
+    Scheme,
+    TensorScaling,
+)
 
 __all__ = [
     "AxisScaling",
     "BlockScaling",
     "ELEMENT_FORMATS",
+    "GroupScaling",
     "FORMATS",
     "Format",
     "GemmSpec",

@@ -434,8 +434,56 @@ class NVFP4Scaling(Scaling):
         return _axis_selected(self, dim, rank)
 
 
-Scheme = TensorScaling | AxisScaling | BlockScaling | MXScaling | NVFP4Scaling
-SCHEME_TYPES = (TensorScaling, AxisScaling, BlockScaling, MXScaling, NVFP4Scaling)
+@dataclasses.dataclass(frozen=True)
+class GroupScaling(Scaling):
+    """One float32 scale per `block` consecutive elements along `axis` (spec §3.1):
+    float scales on MX's groups (torchao's per-group, Qwix's sub-channel scaling). Scale
+    shape = input shape with `axis` divided by `block`; `block` must divide the axis.
+
+    Attributes:
+      fmt: element format.
+      block: elements per scale.
+      axis: the grouped axis (negative counts from the end); float4 needs it last.
+      pow2: round the encode multiplier down to a power of two.
+    """
+
+    fmt: str = "float8_e4m3fn"
+    block: int = 32
+    axis: int = -1
+    pow2: bool = False
+
+    kind = "group"
+    family = "float"
+    scale_format = "float32"
+
+    def __post_init__(self):
+        _check_format("GroupScaling", self.fmt)
+        _check_positive_int("GroupScaling", "block", self.block)
+        _check_axis_field("GroupScaling", self.axis)
+        _check_bool("GroupScaling", "pow2", self.pow2)
+
+    def check_shape(self, shape: tuple[int, ...]) -> None:
+        _check_grouped_axis(shape, self.axis, self.block, self.fmt, self)
+
+    def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        ax = normalize_axis(self.axis, len(shape), self)
+        return shape[:ax] + (shape[ax] // self.block,) + shape[ax + 1 :]
+
+    def tiles(self, rank: int) -> tuple[int | None, ...]:
+        return _tiles_along(self.axis, self.block, rank, self)
+
+    def permuted(self, dims) -> "GroupScaling | None":
+        return _axis_permuted(self, dims)
+
+    def reshaped(self, old: tuple, new: tuple) -> "GroupScaling | None":
+        return _axis_reshaped(self, old, new)
+
+    def selected(self, dim: int, rank: int) -> "GroupScaling | None":
+        return _axis_selected(self, dim, rank)
+
+
+Scheme = TensorScaling | AxisScaling | BlockScaling | MXScaling | NVFP4Scaling | GroupScaling
+SCHEME_TYPES = (TensorScaling, AxisScaling, BlockScaling, MXScaling, NVFP4Scaling, GroupScaling)
 
 
 def scale_format(scheme: Scheme) -> str:

@@ -164,6 +164,9 @@ _EVERY_SCHEME = [
     lowp.MXScaling("float6_e2m3fn", block=2, mode="ceil", axis=0),
     lowp.NVFP4Scaling(),
     lowp.NVFP4Scaling(block=8, global_scale=False),
+    lowp.GroupScaling(),
+    lowp.GroupScaling("float4_e2m1fn", block=16, pow2=True),
+    lowp.GroupScaling("float8_e5m2", block=2, axis=0),
 ]
 _SHAPES = [(64,), (6, 32), (2, 3, 32), (2, 2, 2, 32), (0,), (6, 0), (2, 0, 32)]
 
@@ -256,3 +259,19 @@ def test_reshaped_and_selected_keep_the_groups(scheme):
             continue
         part = np.take(_group_ids(scheme, old), 1, axis=dim)
         assert _same_partition(part, _group_ids(picked, part.shape)), dim
+
+
+def test_group_scaling_of_a_whole_axis_is_axis_scaling():
+    """GroupScaling is the float-scale arithmetic on MX's groups: one group spanning
+    the axis gives AxisScaling's bytes."""
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    for pow2 in (False, True):
+        by_axis = lowp.quantize(x, lowp.AxisScaling(pow2=pow2))
+        by_group = lowp.quantize(x, lowp.GroupScaling(block=64, pow2=pow2))
+        assert np.array_equal(by_axis.codes, by_group.codes)
+        assert np.array_equal(by_axis.scale, by_group.scale)
+    assert lowp.GroupScaling(block=16).scale_shape((4, 64)) == (4, 4)
+    with pytest.raises(ValueError, match="does not divide"):
+        lowp.GroupScaling(block=24).check_shape((4, 64))
+    with pytest.raises(ValueError, match="last axis"):
+        lowp.GroupScaling("float4_e2m1fn", block=2, axis=0).check_shape((4, 64))

@@ -67,7 +67,7 @@ F32 = np.float32
 def schemes_for_rank(rank: int) -> list:
     """Every scheme x element format lowp admits at SHAPES[rank]: pow2 on and off, both
     axes, tiles that leave partial edge tiles (3x5 over 32 columns, 2x4 over 3 rows),
-    every MX mode, MX along axis 0, and the NVFP4 variants."""
+    every MX mode, MX and float-scaled groups along axis 0, and the NVFP4 variants."""
     out = []
     for fmt in ELEMENTS:
         out += [lowp.TensorScaling(fmt), lowp.TensorScaling(fmt, pow2=True)]
@@ -80,6 +80,9 @@ def schemes_for_rank(rank: int) -> list:
         out += [lowp.MXScaling(fmt, block=8, mode=mode) for mode in MX_MODES]
         if fmt != "float4_e2m1fn" and rank >= 2:
             out.append(lowp.MXScaling(fmt, block=2, mode="rceil", axis=0))
+        out.append(lowp.GroupScaling(fmt, block=8))
+        if fmt != "float4_e2m1fn" and rank >= 2:
+            out.append(lowp.GroupScaling(fmt, block=2, axis=0, pow2=True))
     out += [
         lowp.MXScaling(),
         lowp.NVFP4Scaling(),
@@ -185,7 +188,9 @@ def _thin() -> list[Configuration]:
             lowp.BlockScaling(fmt, block=(3, 5) if odd else (2, 4), pow2=odd),
         ]
         schemes += [lowp.MXScaling(fmt, block=8, mode=mode) for mode in MX_MODES]
+        schemes.append(lowp.GroupScaling(fmt, block=8, pow2=odd))
     schemes.append(lowp.MXScaling("float8_e5m2", block=2, mode="rceil", axis=0))
+    schemes.append(lowp.GroupScaling("float8_e4m3fn", block=2, axis=0))
     schemes += [lowp.NVFP4Scaling(), lowp.NVFP4Scaling(global_scale=False, block=8)]
     out = []
     for i, scheme in enumerate(schemes):
