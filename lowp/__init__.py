@@ -12,7 +12,15 @@ from lowp._qtensor import QTensor
 from lowp._quantize import dequantize, quantize
 from lowp._recipes import GemmSpec, InferenceConfig, Recipe
 from lowp._rounding import random_bits
-from lowp._schemes import AxisScaling, BlockScaling, MXScaling, NVFP4Scaling, Scheme, TensorScaling
+from lowp._schemes import (
+    AxisScaling,
+    BlockScaling,
+    GroupScaling,
+    MXScaling,
+    NVFP4Scaling,
+    Scheme,
+    TensorScaling,
+)
 
 
 def _source_version() -> str:
@@ -42,6 +50,7 @@ __all__ = [
     "BlockScaling",
     "Format",
     "GemmSpec",
+    "GroupScaling",
     "InferenceConfig",
     "MXScaling",
     "NVFP4Scaling",

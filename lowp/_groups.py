@@ -1,7 +1,10 @@
-"""Groups: the elements that share one scale, for each scheme.
+"""Groups: the elements that share one scale, read off a scheme's `tiles`.
 
-`group_max` reduces an element-shaped array to the scheme's plain scale shape;
-`expand` broadcasts a scale-shaped array back over the elements.
+An axis of tile None is one group; an axis of tile b runs in groups of b consecutive
+elements, the last one partial where b does not divide it (BlockScaling's edge tiles;
+the other schemes' `check_shape` refuses that). `group_max` reduces an element-shaped
+array to the scheme's plain scale shape; `expand` broadcasts a scale-shaped array back
+over the elements.
 """
 
 import math
@@ -14,34 +17,49 @@ from lowp import _schemes
 def group_max(a: np.ndarray, scheme: _schemes.Scheme) -> np.ndarray:
     """Max of `a` (uint32 |x| patterns) over each group, 0 for empty groups."""
     shape = a.shape
-    if isinstance(scheme, _schemes.TensorScaling):
-        return np.max(a, initial=0).reshape(())
-    if isinstance(scheme, _schemes.AxisScaling):
-        ax = _schemes.normalize_axis(scheme.axis, a.ndim, scheme)
-        return np.max(a, axis=ax, keepdims=True, initial=0)
-    if isinstance(scheme, _schemes.BlockScaling):
-        b0, b1 = scheme.block
-        rows, cols = shape[-2:]
-        tiles_r, tiles_c = math.ceil(rows / b0), math.ceil(cols / b1)
-        pad = [(0, 0)] * (a.ndim - 2) + [(0, tiles_r * b0 - rows), (0, tiles_c * b1 - cols)]
-        tiled = np.pad(a, pad).reshape(shape[:-2] + (tiles_r, b0, tiles_c, b1))
-        return np.max(tiled, axis=(-3, -1), initial=0)
-    if isinstance(scheme, (_schemes.MXScaling, _schemes.NVFP4Scaling)):
-        ax = _schemes.normalize_axis(scheme.axis, a.ndim, scheme)
-        split = shape[:ax] + (shape[ax] // scheme.block, scheme.block) + shape[ax + 1 :]
-        return np.max(a.reshape(split), axis=ax + 1, initial=0)
-    raise TypeError(f"not a lowp scheme: {scheme!r}")
+    split: list[int] = []
+    reduce: list[int] = []
+    pad: list[tuple[int, int]] = []
+    for n, tile in zip(shape, scheme.tiles(a.ndim), strict=True):
+        if tile is None:  # the whole axis
+            reduce.append(len(split))
+            split.append(n)
+            pad.append((0, 0))
+        elif tile == 1:
+            split.append(n)
+            pad.append((0, 0))
+        else:  # groups of `tile`; zero padding is neutral for a max of non-negative keys
+            groups = math.ceil(n / tile)
+            reduce.append(len(split) + 1)
+            split += [groups, tile]
+            pad.append((0, groups * tile - n))
+    if any(after for _, after in pad):
+        a = np.pad(a, pad)
+    reduced = np.max(a.reshape(split), axis=tuple(reduce), initial=0)
+    return reduced.reshape(scheme.scale_shape(shape))
 
 
 def expand(g: np.ndarray, scheme: _schemes.Scheme, shape: tuple[int, ...]) -> np.ndarray:
     """Each element's group value: `g` (plain scale shape) broadcast to `shape`."""
-    if isinstance(scheme, (_schemes.TensorScaling, _schemes.AxisScaling)):
-        return np.broadcast_to(g, shape)
-    if isinstance(scheme, _schemes.BlockScaling):
-        b0, b1 = scheme.block
-        full = np.repeat(np.repeat(g, b0, axis=-2), b1, axis=-1)
-        return full[..., : shape[-2], : shape[-1]]
-    if isinstance(scheme, (_schemes.MXScaling, _schemes.NVFP4Scaling)):
-        ax = _schemes.normalize_axis(scheme.axis, len(shape), scheme)
-        return np.repeat(g, scheme.block, axis=ax)
-    raise TypeError(f"not a lowp scheme: {scheme!r}")
+    grid, full, padded = [], [], []
+    for n, tile in zip(shape, scheme.tiles(len(shape)), strict=True):
+        if tile is None:
+            grid.append(1)
+            full.append(n)
+            padded.append(n)
+        elif tile == 1:
+            grid.append(n)
+            full.append(n)
+            padded.append(n)
+        else:
+            groups = math.ceil(n / tile)
+            grid += [groups, 1]
+            full += [groups, tile]
+            padded.append(groups * tile)
+    out = np.broadcast_to(np.reshape(g, grid), full)
+    if len(full) == len(shape):  # no tiled axis: a plain broadcast
+        return out
+    out = out.reshape(padded)
+    if tuple(padded) != tuple(shape):  # partial edge tiles
+        out = out[tuple(slice(0, n) for n in shape)]
+    return out

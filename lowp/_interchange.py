@@ -56,18 +56,13 @@ _DTYPES = {
 }
 _DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
-# Each scheme kind's JSON fields and their JSON types. Written out rather than read off
-# dataclasses.fields so that a file's schema is visible here; a test checks it against
-# the dataclasses, so a new scheme field cannot be silently dropped on save.
-SCHEME_FIELDS = {
-    "TensorScaling": (_schemes.TensorScaling, {"fmt": str, "pow2": bool}),
-    "AxisScaling": (_schemes.AxisScaling, {"fmt": str, "axis": int, "pow2": bool}),
-    "BlockScaling": (_schemes.BlockScaling, {"fmt": str, "block": list, "pow2": bool}),
-    "MXScaling": (_schemes.MXScaling, {"fmt": str, "block": int, "mode": str, "axis": int}),
-    "NVFP4Scaling": (_schemes.NVFP4Scaling, {"block": int, "global_scale": bool, "axis": int}),
-}
+# Each scheme kind's JSON fields and their JSON types, from the schemes' own codec
+# (`Scaling.json_types`, `to_fields`, `from_fields`): the object a file holds for a scheme
+# is {"kind": its class name, then every dataclass field in order}, so a new field or a
+# new scheme is saved and read without a line here.
+SCHEME_FIELDS = {t.__name__: (t, t.json_types()) for t in _schemes.SCHEME_TYPES}
 # The scheme kinds with an `axis` field, which a file stores non-negative (spec §9).
-_AXIS_SCHEMES = (_schemes.AxisScaling, _schemes.MXScaling, _schemes.NVFP4Scaling)
+_AXIS_SCHEMES = _schemes.AXIS_SCHEME_TYPES
 _ENTRY_FIELDS = ("scheme", "shape", "hp_dtype", "scale_layout")
 _ACTIVATION = "activation"  # optional entry field, lowp_format >= 2
 # An activation has no rank until run time; the GEMM reads it as x (M, K) quantized along
@@ -279,17 +274,10 @@ def _record_activations(entries: dict[str, dict], activations) -> None:
 
 
 def _scheme_to_json(scheme: _schemes.Scheme, rank: int) -> dict:
-    kind = type(scheme).__name__
-    scheme_type, fields = SCHEME_FIELDS.get(kind, (None, {}))
+    scheme_type, _ = SCHEME_FIELDS.get(type(scheme).__name__, (None, {}))
     if type(scheme) is not scheme_type:  # a subclass could carry fields we would drop
         raise TypeError(f"cannot save {scheme!r}: lowp files hold {tuple(SCHEME_FIELDS)} only")
-    out: dict[str, object] = {"kind": kind}
-    for field in fields:
-        value = getattr(scheme, field)
-        if field == "axis":  # spec §9: a file says which axis, not how it was spelled
-            value = _schemes.normalize_axis(value, rank, scheme)
-        out[field] = list(value) if isinstance(value, tuple) else value
-    return out
+    return scheme.to_fields(rank)  # spec §9: an axis stored normalised
 
 
 def _parse_lowp_metadata(text: str, path) -> tuple[int, dict]:
@@ -369,7 +357,7 @@ def _qtensor_from_entry(name: str, entry, arrays: dict, path) -> "_qtensor.QTens
         scheme = dataclasses.replace(scheme, axis=scheme.axis - len(shape))
     codes = _take(arrays, name, "codes", path)
     scale = _take(arrays, name, "scale", path)
-    wants_global = isinstance(scheme, _schemes.NVFP4Scaling) and scheme.global_scale
+    wants_global = scheme.family == "nvfp4" and scheme.global_scale  # type: ignore[union-attr]
     # A global_scale the scheme has no use for is passed on so that QTensor refuses it.
     if wants_global:
         global_scale = _take(arrays, name, "global_scale", path)
@@ -397,7 +385,7 @@ def _scheme_from_json(doc, where: str, path) -> _schemes.Scheme:
         raise _error(
             path, f"{where}: unknown scheme kind {kind!r}; expected one of {tuple(SCHEME_FIELDS)}"
         )
-    scheme_type, fields = SCHEME_FIELDS[kind]
+    _, fields = SCHEME_FIELDS[kind]
     _check_keys(doc, ("kind", *fields), f"{where} scheme", path)
     for field, json_type in fields.items():
         value = doc[field]
@@ -412,7 +400,7 @@ def _scheme_from_json(doc, where: str, path) -> _schemes.Scheme:
             f"{doc['axis']}",
         )
     try:
-        return scheme_type(**{field: doc[field] for field in fields})
+        return _schemes.from_fields(doc)
     except (TypeError, ValueError) as e:
         raise _error(path, f"{where}: invalid scheme: {e}") from e
 

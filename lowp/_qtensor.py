@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import typing
 from typing import NamedTuple, cast
 
 import numpy as np
@@ -136,8 +137,8 @@ def check_layout(owner: str, scheme, shape, hp_dtype, scale_layout) -> StoredLay
     return StoredLayout(
         codes_shape=codes_shape(scheme, shape),
         scale_shape=stored_scale_shape(scheme, shape, scale_layout),
-        scale_format=_schemes.scale_format(scheme),
-        has_global_scale=isinstance(scheme, _schemes.NVFP4Scaling) and scheme.global_scale,
+        scale_format=scheme.scale_format,
+        has_global_scale=scheme.family == "nvfp4" and scheme.global_scale,
     )
 
 
@@ -160,11 +161,13 @@ def stored_scale_shape(scheme: _schemes.Scheme, shape: tuple[int, ...], layout: 
 
 def blocked_matrix_shape(scheme: _schemes.Scheme, shape: tuple[int, ...]) -> tuple[int, int]:
     """The scales of an MX/NVFP4 tensor blocked along its last axis, seen as a matrix."""
-    if not isinstance(scheme, (_schemes.MXScaling, _schemes.NVFP4Scaling)):
+    if scheme.family not in ("mx", "nvfp4"):
         raise ValueError(f"the cublas_blocked layout is for MX and NVFP4 scales, not {scheme}")
-    if _schemes.normalize_axis(scheme.axis, len(shape), scheme) != len(shape) - 1:
+    # MX and NVFP4 schemes block one axis: `axis` and an int `block`.
+    blocked = typing.cast(_schemes.MXScaling | _schemes.NVFP4Scaling, scheme)
+    if _schemes.normalize_axis(blocked.axis, len(shape), scheme) != len(shape) - 1:
         raise ValueError(f"the cublas_blocked layout needs the blocks along the last axis ({scheme})")
-    return math.prod(shape[:-1]), shape[-1] // scheme.block
+    return math.prod(shape[:-1]), shape[-1] // blocked.block
 
 
 def _expect_array(field, value, dtype, shape) -> None:

@@ -1,16 +1,86 @@
 """Scaling schemes (spec §3): which elements share a scale, and how the scale is made.
 
 A scheme is a frozen dataclass that checks its own fields. It knows nothing of arrays
-beyond shapes: `check_shape` validates an input shape and `scale_shape` gives the plain
-layout of its scales. The arithmetic lives in `lowp._quantize`.
+beyond shapes, and it carries every rule of its geometry that a backend would otherwise
+write again (the `Scaling` protocol):
+
+  family          "float" (float32 scales, spec §3.1), "mx" (e8m0 scales, §3.2) or
+                  "nvfp4" (e4m3 block scales and a global scale, §3.3): which arithmetic
+                  quantizes it. Backends dispatch on the family, never on the class.
+  scale_format    the format its scales are stored in.
+  check_shape     validates an input shape.
+  tiles(rank)     the extent of one group along each axis: None for the whole axis, an
+                  int b for runs of b consecutive elements (the last run along an axis may
+                  be partial where the scheme admits it, as BlockScaling's edge tiles).
+  scale_shape     the plain layout of its scales: one per group, in the axes' order.
+  permuted(dims)  the scheme that groups `x.permute(dims)` as this one groups x, or None.
+  reshaped(old, new), selected(dim, rank)
+                  the same for `x.reshape(new)` and `x.select(dim, i)`: None where a
+                  group would not stay one group (a quantized tensor's view ops).
+  spec, to_fields the codec: the command-line text `from_spec` reads back, and the JSON
+                  object of the interchange file (`from_fields` reads it back).
+
+The arithmetic lives in `lowp._quantize`, the groups in `lowp._groups`.
 """
 
 import dataclasses
 import math
+import typing
 
 from lowp import _formats
 
 MX_MODES = ("floor", "ceil", "rceil")
+
+
+class Scaling:
+    """What every scheme class shares: the codec and the defaults of the protocol.
+
+    A subclass is a frozen dataclass with `kind` (its name in a spec), `family` and
+    `scale_format`, and defines `check_shape`, `scale_shape`, `tiles`, `permuted`,
+    `reshaped` and `selected`.
+    """
+
+    kind: typing.ClassVar[str]
+    family: typing.ClassVar[str]
+    scale_format: typing.ClassVar[str]
+    __dataclass_fields__: typing.ClassVar[dict[str, typing.Any]]  # every subclass is a dataclass
+
+    @property
+    def spec(self) -> str:
+        """The text `from_spec` builds this scheme from, every field spelled out:
+        `MXScaling(mode="rceil")` -> "mx:fmt=float8_e4m3fn:block=32:mode=rceil:axis=-1"."""
+        parts = [self.kind]
+        for name in self.__dataclass_fields__:  # field order; traceable by torch.compile
+            value = getattr(self, name)
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, tuple):
+                text = "x".join(str(n) for n in value)
+            else:
+                text = str(value)
+            parts.append(f"{name}={text}")
+        return ":".join(parts)
+
+    @classmethod
+    def json_types(cls) -> dict[str, typing.Any]:
+        """Each field's JSON type (str, int, bool, list), in field order: the schema of
+        this scheme's object in an interchange file."""
+        types: dict[str, typing.Any] = {}
+        for field in dataclasses.fields(cls):
+            kind = typing.get_origin(field.type) or field.type
+            types[field.name] = list if kind is tuple else kind
+        return types
+
+    def to_fields(self, rank: int) -> dict:
+        """The scheme as an interchange file stores it (spec §9): {"kind": class name,
+        field: value, ...}, an axis normalised for a rank-`rank` tensor, a tuple a list."""
+        out: dict[str, typing.Any] = {"kind": type(self).__name__}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "axis":  # a file says which axis, not how it was spelled
+                value = normalize_axis(value, rank, self)
+            out[field.name] = list(value) if isinstance(value, tuple) else value
+        return out
 
 
 def _check_format(owner: str, fmt) -> None:
@@ -75,8 +145,54 @@ def _check_grouped_axis(shape, axis, block, fmt, scheme) -> int:
     return ax
 
 
+def _tiles_along(axis: int, block: int | None, rank: int, scheme) -> tuple[int | None, ...]:
+    """Tiles of a scheme grouping along one axis: `block` there (None: all of it), 1 elsewhere."""
+    ax = normalize_axis(axis, rank, scheme)
+    return tuple(block if d == ax else 1 for d in range(rank))
+
+
+def _replace(scheme, **changes):
+    """`dataclasses.replace`, spelled with the class and its field names only, which
+    torch.compile's tracer follows when a frontend calls it on a constant scheme."""
+    fields = {name: getattr(scheme, name) for name in scheme.__dataclass_fields__}
+    return type(scheme)(**{**fields, **changes})
+
+
+def _axis_permuted(scheme, dims):
+    """`scheme` with its axis where `dims` moves it (spelled from the end); None where
+    packed fp4 codes would leave the last axis."""
+    rank = len(dims)
+    if scheme.fmt == "float4_e2m1fn" and dims[-1] != rank - 1:
+        return None
+    return _replace(scheme, axis=list(dims).index(scheme.axis % rank) - rank)
+
+
+def _same_axis(old: tuple, axis: int, new: tuple) -> int | None:
+    """The dim of `new` that is `old`'s dim `axis` with the same dims before and after."""
+    before, size, after = math.prod(old[:axis]), old[axis], math.prod(old[axis + 1 :])
+    for j, n in enumerate(new):
+        if n == size and math.prod(new[:j]) == before and math.prod(new[j + 1 :]) == after:
+            return j
+    return None
+
+
+def _axis_reshaped(scheme, old: tuple, new: tuple):
+    """`scheme` for `x.reshape(new)`: its axis must stay one dim, with the same elements
+    before and after it; None otherwise."""
+    axis = _same_axis(old, scheme.axis % len(old), new)
+    return None if axis is None else _replace(scheme, axis=axis - len(new))
+
+
+def _axis_selected(scheme, dim: int, rank: int):
+    """`scheme` for `x.select(dim, i)`: None along its axis (a group cut to one element)."""
+    ax = scheme.axis % rank
+    if dim % rank == ax:
+        return None
+    return _replace(scheme, axis=ax - (dim % rank < ax) - (rank - 1))
+
+
 @dataclasses.dataclass(frozen=True)
-class TensorScaling:
+class TensorScaling(Scaling):
     """One float32 scale for the whole tensor (spec §3.1). Scale shape `()`.
 
     Attributes:
@@ -86,6 +202,10 @@ class TensorScaling:
 
     fmt: str = "float8_e4m3fn"
     pow2: bool = False
+
+    kind = "tensor"
+    family = "float"
+    scale_format = "float32"
 
     def __post_init__(self):
         _check_format("TensorScaling", self.fmt)
@@ -97,9 +217,23 @@ class TensorScaling:
     def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         return ()
 
+    def tiles(self, rank: int) -> tuple[int | None, ...]:
+        return (None,) * rank
+
+    def permuted(self, dims) -> "TensorScaling | None":
+        if self.fmt == "float4_e2m1fn" and dims[-1] != len(dims) - 1:
+            return None
+        return self
+
+    def reshaped(self, old: tuple, new: tuple) -> "TensorScaling":
+        return self
+
+    def selected(self, dim: int, rank: int) -> "TensorScaling":
+        return self  # a part of the one group keeps its scale
+
 
 @dataclasses.dataclass(frozen=True)
-class AxisScaling:
+class AxisScaling(Scaling):
     """One float32 scale per slice along `axis` (spec §3.1): "rowwise" for a GEMM operand
     when `axis` is its reduction axis. Scale shape = input shape with `axis` of size 1.
 
@@ -112,6 +246,10 @@ class AxisScaling:
     fmt: str = "float8_e4m3fn"
     axis: int = -1
     pow2: bool = False
+
+    kind = "axis"
+    family = "float"
+    scale_format = "float32"
 
     def __post_init__(self):
         _check_format("AxisScaling", self.fmt)
@@ -127,9 +265,21 @@ class AxisScaling:
         ax = normalize_axis(self.axis, len(shape), self)
         return shape[:ax] + (1,) + shape[ax + 1 :]
 
+    def tiles(self, rank: int) -> tuple[int | None, ...]:
+        return _tiles_along(self.axis, None, rank, self)
+
+    def permuted(self, dims) -> "AxisScaling | None":
+        return _axis_permuted(self, dims)
+
+    def reshaped(self, old: tuple, new: tuple) -> "AxisScaling | None":
+        return _axis_reshaped(self, old, new)
+
+    def selected(self, dim: int, rank: int) -> "AxisScaling | None":
+        return _axis_selected(self, dim, rank)
+
 
 @dataclasses.dataclass(frozen=True)
-class BlockScaling:
+class BlockScaling(Scaling):
     """One float32 scale per `block[0] x block[1]` tile of the last two dims (spec §3.1).
 
     Edge tiles may be partial. Scale shape `(..., ceil(R/b0), ceil(C/b1))`.
@@ -144,6 +294,10 @@ class BlockScaling:
     fmt: str = "float8_e4m3fn"
     block: tuple[int, int] = (1, 128)
     pow2: bool = False
+
+    kind = "block"
+    family = "float"
+    scale_format = "float32"
 
     def __post_init__(self):
         _check_format("BlockScaling", self.fmt)
@@ -162,9 +316,33 @@ class BlockScaling:
         rows, cols = shape[-2:]
         return shape[:-2] + (math.ceil(rows / self.block[0]), math.ceil(cols / self.block[1]))
 
+    def tiles(self, rank: int) -> tuple[int | None, ...]:
+        return (1,) * (rank - 2) + self.block
+
+    def permuted(self, dims) -> "BlockScaling | None":
+        """The same tiles where the last two dims stay, transposed tiles where they swap;
+        None where a tiled dim would move into the batch dims (or fp4 off the last)."""
+        rank = len(dims)
+        last_two = list(dims[-2:])
+        if last_two == [rank - 2, rank - 1]:
+            return self
+        if last_two == [rank - 1, rank - 2] and self.fmt != "float4_e2m1fn":
+            return _replace(self, block=self.block[::-1])
+        return None
+
+    def reshaped(self, old: tuple, new: tuple) -> "BlockScaling | None":
+        """The same tiles where the last dim stays and rows stay or merge in whole tiles."""
+        if len(old) < 2 or len(new) < 2 or new[-1] != old[-1]:
+            return None
+        b0, rows = self.block[0], old[-2]
+        return self if new[-2] == rows or (rows % b0 == 0 and new[-2] % b0 == 0) else None
+
+    def selected(self, dim: int, rank: int) -> "BlockScaling | None":
+        return self if dim % rank < rank - 2 else None  # a tiled dim cannot lose an index
+
 
 @dataclasses.dataclass(frozen=True)
-class MXScaling:
+class MXScaling(Scaling):
     """OCP microscaling (spec §3.2): one e8m0 scale byte per `block` consecutive
     elements along `axis`. Scale shape = input shape with `axis` divided by `block`.
 
@@ -181,6 +359,10 @@ class MXScaling:
     mode: str = "floor"
     axis: int = -1
 
+    kind = "mx"
+    family = "mx"
+    scale_format = "float8_e8m0fnu"
+
     def __post_init__(self):
         _check_format("MXScaling", self.fmt)
         _check_positive_int("MXScaling", "block", self.block)
@@ -195,9 +377,21 @@ class MXScaling:
         ax = normalize_axis(self.axis, len(shape), self)
         return shape[:ax] + (shape[ax] // self.block,) + shape[ax + 1 :]
 
+    def tiles(self, rank: int) -> tuple[int | None, ...]:
+        return _tiles_along(self.axis, self.block, rank, self)
+
+    def permuted(self, dims):
+        return _axis_permuted(self, dims)
+
+    def reshaped(self, old: tuple, new: tuple):
+        return _axis_reshaped(self, old, new)
+
+    def selected(self, dim: int, rank: int):
+        return _axis_selected(self, dim, rank)
+
 
 @dataclasses.dataclass(frozen=True)
-class NVFP4Scaling:
+class NVFP4Scaling(Scaling):
     """NVFP4 (spec §3.3): e2m1 elements, one e4m3 scale per `block` elements along
     `axis`, and with `global_scale` one float32 decode scale for the whole tensor.
 
@@ -212,6 +406,9 @@ class NVFP4Scaling:
     axis: int = -1
 
     fmt = "float4_e2m1fn"  # not a field: NVFP4 elements are always e2m1
+    kind = "nvfp4"
+    family = "nvfp4"
+    scale_format = "float8_e4m3fn"
 
     def __post_init__(self):
         _check_positive_int("NVFP4Scaling", "block", self.block)
@@ -225,18 +422,76 @@ class NVFP4Scaling:
         ax = normalize_axis(self.axis, len(shape), self)
         return shape[:ax] + (shape[ax] // self.block,) + shape[ax + 1 :]
 
+    def tiles(self, rank: int) -> tuple[int | None, ...]:
+        return _tiles_along(self.axis, self.block, rank, self)
 
-Scheme = TensorScaling | AxisScaling | BlockScaling | MXScaling | NVFP4Scaling
-SCHEME_TYPES = (TensorScaling, AxisScaling, BlockScaling, MXScaling, NVFP4Scaling)
+    def permuted(self, dims):
+        return _axis_permuted(self, dims)
+
+    def reshaped(self, old: tuple, new: tuple):
+        return _axis_reshaped(self, old, new)
+
+    def selected(self, dim: int, rank: int):
+        return _axis_selected(self, dim, rank)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupScaling(Scaling):
+    """One float32 scale per `block` consecutive elements along `axis` (spec §3.1):
+    float scales on MX's groups (torchao's per-group, Qwix's sub-channel scaling). Scale
+    shape = input shape with `axis` divided by `block`; `block` must divide the axis.
+
+    Attributes:
+      fmt: element format.
+      block: elements per scale.
+      axis: the grouped axis (negative counts from the end); float4 needs it last.
+      pow2: round the encode multiplier down to a power of two.
+    """
+
+    fmt: str = "float8_e4m3fn"
+    block: int = 32
+    axis: int = -1
+    pow2: bool = False
+
+    kind = "group"
+    family = "float"
+    scale_format = "float32"
+
+    def __post_init__(self):
+        _check_format("GroupScaling", self.fmt)
+        _check_positive_int("GroupScaling", "block", self.block)
+        _check_axis_field("GroupScaling", self.axis)
+        _check_bool("GroupScaling", "pow2", self.pow2)
+
+    def check_shape(self, shape: tuple[int, ...]) -> None:
+        _check_grouped_axis(shape, self.axis, self.block, self.fmt, self)
+
+    def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        ax = normalize_axis(self.axis, len(shape), self)
+        return shape[:ax] + (shape[ax] // self.block,) + shape[ax + 1 :]
+
+    def tiles(self, rank: int) -> tuple[int | None, ...]:
+        return _tiles_along(self.axis, self.block, rank, self)
+
+    def permuted(self, dims) -> "GroupScaling | None":
+        return _axis_permuted(self, dims)
+
+    def reshaped(self, old: tuple, new: tuple) -> "GroupScaling | None":
+        return _axis_reshaped(self, old, new)
+
+    def selected(self, dim: int, rank: int) -> "GroupScaling | None":
+        return _axis_selected(self, dim, rank)
+
+
+Scheme = TensorScaling | AxisScaling | BlockScaling | MXScaling | NVFP4Scaling | GroupScaling
+SCHEME_TYPES = (TensorScaling, AxisScaling, BlockScaling, MXScaling, NVFP4Scaling, GroupScaling)
+# The schemes with an `axis` field (the others group whole tensors or the last two dims).
+AXIS_SCHEME_TYPES = (AxisScaling, MXScaling, NVFP4Scaling, GroupScaling)
 
 
 def scale_format(scheme: Scheme) -> str:
     """The format scales are stored in: float32, e8m0 bytes (MX) or e4m3 bytes (NVFP4)."""
-    if isinstance(scheme, MXScaling):
-        return "float8_e8m0fnu"
-    if isinstance(scheme, NVFP4Scaling):
-        return "float8_e4m3fn"
-    return "float32"
+    return scheme.scale_format
 
 
 def check_scheme(scheme) -> None:
@@ -247,20 +502,25 @@ def check_scheme(scheme) -> None:
         )
 
 
-_SPEC_KINDS = {
-    "tensor": TensorScaling,
-    "axis": AxisScaling,
-    "block": BlockScaling,
-    "mx": MXScaling,
-    "nvfp4": NVFP4Scaling,
-}
+_SPEC_KINDS = {scheme_type.kind: scheme_type for scheme_type in SCHEME_TYPES}
+_FIELDS_KINDS = {scheme_type.__name__: scheme_type for scheme_type in SCHEME_TYPES}
+
+
+def from_fields(doc: dict) -> Scheme:
+    """The scheme of an interchange file's JSON object (`Scaling.to_fields`'s output):
+    its class from "kind", its fields as keywords. Checking the object's keys and JSON
+    types is the reader's (`lowp._interchange`), which names the file; this builds the
+    scheme, which checks its values (ValueError, TypeError)."""
+    scheme_type = _FIELDS_KINDS[doc["kind"]]
+    return scheme_type(**{name: doc[name] for name in scheme_type.json_types()})
 
 
 def from_spec(spec: str) -> Scheme:
     """A scheme from a short text spec, for command lines: `KIND[:FIELD=VALUE]...`.
 
-    KIND is tensor, axis, block, mx or nvfp4; fields are the dataclass's, values are
-    ints, true/false, `RxC` for a block shape, or format/mode names.
+    KIND is a scheme class's `kind` (tensor, axis, block, mx, nvfp4, ...); fields are
+    the dataclass's, values are ints, true/false, `RxC` for a block shape, or format/mode
+    names. `scheme.spec` is the text that gives `scheme` back, every field spelled out.
 
     >>> from_spec("mx:fmt=float8_e5m2:mode=floor")
     MXScaling(fmt='float8_e5m2', block=32, mode='floor', axis=-1)
@@ -272,7 +532,7 @@ def from_spec(spec: str) -> Scheme:
         raise ValueError(f"unknown scheme kind {kind!r} in {spec!r}; expected one of {tuple(_SPEC_KINDS)}")
     scheme_type = _SPEC_KINDS[kind]
     fields = {f.name: f.type for f in dataclasses.fields(scheme_type)}
-    kwargs: dict[str, object] = {}
+    kwargs: dict[str, typing.Any] = {}
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
         if key in kwargs:

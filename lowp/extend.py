@@ -13,11 +13,17 @@ Formats
   element_format(name)           the Format of an element format; ValueError naming it.
 
 Schemes
-  SCHEME_TYPES                   the scheme classes (isinstance checks, pickling allowlists).
+  Every scheme carries its geometry (`lowp._schemes` lists the protocol): `family`
+  ("float", "mx", "nvfp4": the branch of the arithmetic a backend runs), `tiles(rank)`
+  (the extent of a group along each axis), `scale_shape`, `scale_format`,
+  `permuted(dims)` (the scheme of a transpose) and `spec` (its text, which `from_spec`
+  reads back: custom-op keys, command lines). A frontend dispatches on the family and
+  reads groups off the tiles, so a new scheme of an existing family needs no frontend code.
+  SCHEME_TYPES                   the scheme classes (pickling allowlists, listings).
   check_scheme(scheme)           TypeError naming anything that is not a scheme.
   normalize_axis(axis, rank, scheme)
                                  a scheme's axis as an index into a shape; ValueError naming it.
-  scale_format(scheme)           "float32", "float8_e8m0fnu" or "float8_e4m3fn".
+  scale_format(scheme)           scheme.scale_format: float32, float8_e8m0fnu or float8_e4m3fn.
   MX_MODES                       the MX scale-exponent rules.
   from_spec(text)                a scheme from its command-line text (`mx:fmt=...:mode=rceil`).
   expand_groups(g, scheme, shape)

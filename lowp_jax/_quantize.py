@@ -1,7 +1,7 @@
 """`quantize` and `dequantize` on JAX arrays: the bytes of `lowp.quantize`, on every backend.
 
-Each scheme's algorithm is one branch of `quantize` and one of `dequantize`, in the order
-spec §3 gives, with the hazards of spec §0 taken out of XLA's hands:
+Each scale family's algorithm (`scheme.family`: float, MX, NVFP4) is one branch of
+`quantize` and one of `dequantize`, in the order spec §3 gives, with the hazards of spec §0 taken out of XLA's hands:
 
 - inputs and outputs are converted, flushed, clamped and compared as integer patterns;
 - every division goes through `_exact.div_rn` (JAX's `/` is not correctly rounded on
@@ -204,7 +204,7 @@ def quantize(
     Args:
       x: float32, bfloat16 or float16 array (JAX or NumPy) of any shape the scheme admits.
         float64 is refused (it would round twice).
-      scheme: a lowp TensorScaling, AxisScaling, BlockScaling, MXScaling or NVFP4Scaling.
+      scheme: a lowp scheme (`lowp.extend.SCHEME_TYPES`).
       rounding: "nearest" (ties to even) or "stochastic" (spec §4).
       random_bits: uint32 array shaped like `x`, for stochastic rounding.
       seed, offset: instead of random_bits, draw `lowp.random_bits(seed, x.shape, offset)`
@@ -251,10 +251,10 @@ def _quantize(x, random, seed, offset, *, scheme) -> _qarray.QArray:
     fmt = extend.element_format(scheme.fmt)
     global_scale = None
 
-    if isinstance(scheme, (lowp.TensorScaling, lowp.AxisScaling, lowp.BlockScaling)):
+    if scheme.family == "float":
         m, scale, poisoned = _float_group_scales(absb, scheme, fmt)
         codes = _float_scaled_codes(x, xf, m, poisoned, scheme, fmt, random)
-    elif isinstance(scheme, lowp.MXScaling):
+    elif scheme.family == "mx":
         amax_bits, poisoned = _group_amax(absb, scheme)
         s = jnp.where(poisoned, 0xFF, _mx_scale_bytes(amax_bits, fmt, scheme.mode))
         # 2**(127 - s) is a normal float32 for every finite-group byte s in [0, 253].
@@ -262,11 +262,11 @@ def _quantize(x, random, seed, offset, *, scheme) -> _qarray.QArray:
         v = _bits.ftz_bits(_bits.bits(xf * _bits.pow2(_groups.expand(exponent, scheme, shape))))
         codes = _encode_elements(v, fmt, random, _groups.expand(poisoned, scheme, shape))
         scale = _qarray.store(s.astype(jnp.uint8), "float8_e8m0fnu")
-    elif isinstance(scheme, lowp.NVFP4Scaling):
+    elif scheme.family == "nvfp4":
         amax_bits, poisoned = _group_amax(absb, scheme)
         codes, scale, global_scale = _quantize_nvfp4(xf, absb, scheme, random, amax_bits, poisoned)
     else:
-        raise TypeError(f"not a lowp scheme: {scheme!r}")
+        raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
 
     if fmt.name == "float4_e2m1fn":
         codes = _layouts.pack_fp4(codes)
@@ -452,24 +452,24 @@ def _dequantize(q: _qarray.QArray, *, out_dtype: str) -> jax.Array:
     values = _encode.decode(codes, fmt)
     scale = lax.stop_gradient(q.scale)
 
-    if isinstance(scheme, (lowp.TensorScaling, lowp.AxisScaling, lowp.BlockScaling)):
+    if scheme.family == "float":
         out = _exact.mul_narrow(values, _groups.expand(scale, scheme, shape))
         poisoned = jnp.isnan(scale)
-    elif isinstance(scheme, lowp.MXScaling):
+    elif scheme.family == "mx":
         s = _qarray.code_bytes(scale).astype(jnp.int32)
         poisoned = s == 0xFF
         exponent = jnp.where(poisoned, 127, s) - 127
         out = _bits.mul_pow2(
             values, _groups.expand(exponent, scheme, shape)
         )  # exact unless flushed
-    elif isinstance(scheme, lowp.NVFP4Scaling):
+    elif scheme.family == "nvfp4":
         sb = _qarray.code_bytes(scale)
         s_dec = jnp.float32(1) if q.global_scale is None else lax.stop_gradient(q.global_scale)
         p = _exact.mul_narrow(_encode.decode(sb, _E4M3), s_dec)
         out = _exact.mul_narrow(values, _groups.expand(p, scheme, shape))
         poisoned = ((sb & 0x7F) == 0x7F) | jnp.isnan(s_dec)
     else:
-        raise TypeError(f"not a lowp scheme: {scheme!r}")
+        raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
 
     out_bits = _bits.ftz_bits(_bits.bits(out))
     poisoned = _groups.expand(poisoned, scheme, shape) | _bits.is_nan_bits(out_bits)

@@ -5,9 +5,8 @@ A traced tensor cannot launch a kernel, and a plain call would break the graph: 
 compiled graph calls these ops instead, which launch `_triton_casts`' kernels at run
 time (the same bytes; `_cast_kernels` decides when). Registered when `lowp_torch` is
 imported, so that a saved exported program loads in a fresh process; the op bodies
-import triton only when they run. A scheme travels as a string of its fields
-(`scheme_key`), which the ops parse back: built from the fields, not by repr, which
-Dynamo cannot trace.
+import triton only when they run. A scheme travels as its `spec` string (`scheme_key`),
+which the ops parse back with `lowp.extend.from_spec`.
 """
 
 import dataclasses
@@ -15,35 +14,24 @@ import math
 
 import torch
 
-import lowp
 from lowp import extend
 
 
 def scheme_key(scheme) -> str:
-    """The ops' string for a TensorScaling, AxisScaling or MXScaling scheme."""
-    if isinstance(scheme, lowp.TensorScaling):
-        return f"tensor:{scheme.fmt}:{int(scheme.pow2)}"
-    if isinstance(scheme, lowp.AxisScaling):
-        return f"axis:{scheme.fmt}:{scheme.axis}:{int(scheme.pow2)}"
-    return f"mx:{scheme.fmt}:{scheme.block}:{scheme.mode}:{scheme.axis}"
+    """The ops' string for a scheme: its `spec`, which `scheme_of_key` reads back."""
+    return scheme.spec
 
 
 def scheme_of_key(key: str):
-    kind, fmt, *fields = key.split(":")
-    if kind == "tensor":
-        return lowp.TensorScaling(fmt, pow2=bool(int(fields[0])))
-    if kind == "axis":
-        return lowp.AxisScaling(fmt, axis=int(fields[0]), pow2=bool(int(fields[1])))
-    block, mode, axis = fields
-    return lowp.MXScaling(fmt, block=int(block), mode=mode, axis=int(axis))
+    return extend.from_spec(key)
 
 
 def _scale_buffer(x, scheme, shape) -> torch.Tensor:
-    """An empty tensor like the flat scales the launches return for `scheme` at `shape`."""
-    if isinstance(scheme, lowp.TensorScaling):
-        return x.new_empty((), dtype=torch.float32)
-    dtype = torch.uint8 if isinstance(scheme, lowp.MXScaling) else torch.float32
-    return x.new_empty((math.prod(scheme.scale_shape(shape)),), dtype=dtype)
+    """An empty tensor like the flat scales the launches return for `scheme` at `shape`:
+    0-d for one scale of the whole tensor, else flat; float32 or the scale bytes."""
+    scale_shape = scheme.scale_shape(shape)
+    dtype = torch.float32 if scheme.scale_format == "float32" else torch.uint8
+    return x.new_empty((math.prod(scale_shape),) if scale_shape else (), dtype=dtype)
 
 
 @torch.library.custom_op("lowp::triton_quantize", mutates_args=())

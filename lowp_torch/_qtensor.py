@@ -381,7 +381,7 @@ def _check_fields(codes, scale, global_scale, scheme, shape, hp_dtype, scale_lay
         _storage.SCALE_DTYPES[extend.scale_format(scheme)],
         extend.stored_scale_shape(scheme, shape, scale_layout),
     )
-    if isinstance(scheme, lowp.NVFP4Scaling) and scheme.global_scale:
+    if scheme.family == "nvfp4" and scheme.global_scale:
         _expect_tensor("global_scale", global_scale, torch.float32, ())
     elif global_scale is not None:
         raise ValueError(f"QuantizedTensor.global_scale must be None for {scheme}")

@@ -1,7 +1,8 @@
 """`quantize` and `dequantize` in torch, byte for byte the NumPy reference `lowp`.
 
-Each scheme's algorithm is written out in one branch, in the order of spec §3 and of
-`lowp/_quantize.py`. What keeps CPU, CUDA, eager and torch.compile on the same bytes
+Each scale family's algorithm (`scheme.family`: float, MX, NVFP4) is written out in one
+branch, in the order of spec §3 and of `lowp/_quantize.py`; groups come from the
+scheme's tiles (`_groups`). What keeps CPU, CUDA, eager and torch.compile on the same bytes
 (spec §0): integer ops on float32 bits for every max, exponent, flush and code;
 float32 products each rounded once, none feeding an inexact add (so a contracted FMA
 changes nothing); divisions in float64 rounded once to float32 (`_bits.div_rn32`);
@@ -150,7 +151,7 @@ def quantize(
     Args:
       t: float32, bfloat16 or float16 tensor of any shape the scheme admits, on any
         device; float64 is refused (it would round twice).
-      scheme: a lowp TensorScaling, AxisScaling, BlockScaling, MXScaling or NVFP4Scaling.
+      scheme: a lowp scheme (`lowp.extend.SCHEME_TYPES`).
       rounding: "nearest" (ties to even) or "stochastic" (spec §4).
       random_bits: for stochastic rounding, a uint32 tensor shaped like `t` on its
         device (or int64 holding uint32 values; only the low 32 bits are read).
@@ -204,22 +205,22 @@ def quantize(
     amax_bits = torch.where(poisoned, 0, amax_bits)
     global_scale = None
 
-    if isinstance(scheme, (lowp.TensorScaling, lowp.AxisScaling, lowp.BlockScaling)):
+    if scheme.family == "float":
         m, d = _float_scales(amax_bits, fmt, scheme.pow2)
         v = _bits.ftz(xf * _groups.expand(m, scheme, shape))
         codes = _encode_elements(v, fmt, random, poisoned_elements)
         scale = _bits.from_bits(torch.where(poisoned, _bits.NAN_F32, _bits.bits(d)))
-    elif isinstance(scheme, lowp.MXScaling):
+    elif scheme.family == "mx":
         s = torch.where(poisoned, 0xFF, _mx_scale_bytes(amax_bits, fmt, scheme.mode))
         # 2**(127 - s) is a normal float32 for every finite-group byte s in [0, 253].
         exponent = 127 - torch.where(poisoned, 127, s)
         v = _bits.ftz(xf * _bits.pow2(_groups.expand(exponent, scheme, shape)))
         codes = _encode_elements(v, fmt, random, poisoned_elements)
         scale = _storage.as_stored(s.to(torch.uint8), torch.float8_e8m0fnu)
-    elif isinstance(scheme, lowp.NVFP4Scaling):
+    elif scheme.family == "nvfp4":
         codes, scale, global_scale = _quantize_nvfp4(xf, absb, scheme, random, amax_bits, poisoned)
     else:
-        raise TypeError(f"not a lowp scheme: {scheme!r}")
+        raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
 
     if fmt.name == "float4_e2m1fn":
         codes = _layouts.pack_fp4(codes)
@@ -287,14 +288,16 @@ def _plain_scale_bytes_or_float(q: _qtensor.QuantizedTensor) -> torch.Tensor:
 def _poisoned_groups(q: _qtensor.QuantizedTensor, scale: torch.Tensor) -> torch.Tensor:
     """Boolean, plain scale shape: the groups whose stored scale is its format's NaN."""
     scheme = _qtensor.scheme_of(q)
-    if isinstance(scheme, lowp.MXScaling):
+    if scheme.family == "float":
+        return _bits.is_nan_bits(_bits.bits(scale))
+    if scheme.family == "mx":
         return scale == 0xFF
-    if isinstance(scheme, lowp.NVFP4Scaling):
+    if scheme.family == "nvfp4":
         bad = (scale & 0x7F) == 0x7F
         if q.global_scale is not None:
             bad = bad | _bits.is_nan_bits(_bits.bits(q.global_scale))
         return bad
-    return _bits.is_nan_bits(_bits.bits(scale))
+    raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
 
 
 def dequantize(q: _qtensor.QuantizedTensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -332,19 +335,19 @@ def dequantize(q: _qtensor.QuantizedTensor, out_dtype: torch.dtype | None = None
     values = _encode.decode(codes, fmt)
     scale = _plain_scale_bytes_or_float(q)
 
-    if isinstance(scheme, (lowp.TensorScaling, lowp.AxisScaling, lowp.BlockScaling)):
+    if scheme.family == "float":
         # the stored scale is an input of the product: flushed (spec §0.2; lowp's rule)
         out = values * _groups.expand(_bits.ftz(scale), scheme, shape)
-    elif isinstance(scheme, lowp.MXScaling):
+    elif scheme.family == "mx":
         s = scale.to(torch.int32)
         exponent = torch.where(s == 0xFF, 127, s) - 127
         out = _bits.mul_pow2(values, _groups.expand(exponent, scheme, shape))
-    elif isinstance(scheme, lowp.NVFP4Scaling):
+    elif scheme.family == "nvfp4":
         s_dec = 1.0 if q.global_scale is None else _bits.ftz(q.global_scale)
         p = _bits.ftz(_encode.decode(scale, _E4M3) * s_dec)
         out = values * _groups.expand(p, scheme, shape)
     else:
-        raise TypeError(f"not a lowp scheme: {scheme!r}")
+        raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
 
     out = _bits.ftz(out)
     poisoned = _groups.expand(_poisoned_groups(q, scale), scheme, shape)

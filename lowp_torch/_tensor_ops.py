@@ -16,14 +16,15 @@ adjusted) where the scale groups survive it, and otherwise:
 A transposed tensor keeps its scheme's meaning by moving the axis: rowwise `(N, K)`
 scaled along K (`AxisScaling(axis=-1)`) becomes `(K, N)` with `AxisScaling(axis=-2)`,
 codes a column-major view, which is the right operand `torch._scaled_mm` wants.
-Axes are spelled from the end, as lowp's presets spell them.
+Axes are spelled from the end, as lowp's presets spell them. What survives an op is the
+scheme's to say (`permuted`, `reshaped`, `selected`, and `tiles` for slices and cat), so
+these functions hold no rule of any one scheme class.
 """
 
 import math
 
 import torch
 
-import lowp
 from lowp import extend
 from lowp_torch import _log, _storage
 from lowp_torch import _qtensor as _qt
@@ -117,31 +118,18 @@ def permute(q, dims: list[int], *, op: str):
             "it would move packed fp4 codes off the last axis, "
             "where the two nibbles of a byte are neighbours",
         )
+    new_scheme = scheme.permuted(dims)
+    if new_scheme is None:
+        return _no_quantized_form(
+            q,
+            op,
+            dims,
+            "its scale groups do not survive it: block scales tile the last two dims "
+            "and this moves a tiled dim into a batch dim",
+        )
     codes, shape = q.codes.permute(dims), tuple(q.shape[d] for d in dims)
-    if isinstance(scheme, lowp.TensorScaling):
-        return _qt.replace(q, codes=codes, shape=shape)
-    if isinstance(scheme, lowp.BlockScaling):
-        if dims[-2:] == [rank - 2, rank - 1]:
-            new_scheme = scheme
-        elif dims[-2:] == [rank - 1, rank - 2]:
-            new_scheme = _replace(scheme, block=scheme.block[::-1])
-        else:
-            return _no_quantized_form(
-                q,
-                op,
-                dims,
-                "block scales tile the last two dims and this moves a tiled dim into a batch dim",
-            )
-        return _qt.replace(
-            q, codes=codes, scale=q.scale.permute(dims), scheme=new_scheme, shape=shape
-        )
-    if isinstance(scheme, (lowp.AxisScaling, lowp.MXScaling, lowp.NVFP4Scaling)):
-        axis = dims.index(scheme.axis % rank) - rank
-        new_scheme = _replace(scheme, axis=axis)
-        return _qt.replace(
-            q, codes=codes, scale=q.scale.permute(dims), scheme=new_scheme, shape=shape
-        )
-    raise TypeError(f"not a lowp scheme: {scheme!r}")
+    scale = q.scale.permute(dims) if q.scale.dim() == rank else q.scale  # () for one scale
+    return _qt.replace(q, codes=codes, scale=scale, scheme=new_scheme, shape=shape)
 
 
 def reshape(q, shape, *, op: str):
@@ -150,32 +138,15 @@ def reshape(q, shape, *, op: str):
     new = _infer_shape(shape, old, op)
     scheme = _qt.scheme_of(q)
     q = _qt.with_scale_layout(q, "plain")
-    if isinstance(scheme, lowp.TensorScaling):
-        new_scheme = scheme
-    elif isinstance(scheme, lowp.BlockScaling):
-        (b0, _), rows = scheme.block, old[-2] if len(old) >= 2 else None
-        ok = len(new) >= 2 and len(old) >= 2 and new[-1] == old[-1]
-        ok = ok and (new[-2] == rows or (rows % b0 == 0 and new[-2] % b0 == 0))
-        if not ok:
-            raise _error(
-                op,
-                q,
-                f"to {new}: {scheme.block} tiles of the last two dims would not "
-                "stay whole (the last dim must stay, rows may merge in whole tiles)",
-            )
-        new_scheme = scheme
-    elif isinstance(scheme, (lowp.AxisScaling, lowp.MXScaling, lowp.NVFP4Scaling)):
-        axis = _same_axis(old, scheme.axis % len(old), new)
-        if axis is None:
-            raise _error(
-                op,
-                q,
-                f"to {new}: the scaled axis {scheme.axis} (size "
-                f"{old[scheme.axis]}) must stay one dim with the same dims before and after it",
-            )
-        new_scheme = _replace(scheme, axis=axis - len(new))
-    else:
-        raise TypeError(f"not a lowp scheme: {scheme!r}")
+    new_scheme = scheme.reshaped(old, new)
+    if new_scheme is None:
+        raise _error(
+            op,
+            q,
+            f"to {new}: its scale groups would not stay whole (a scaled axis must stay one "
+            "dim with the same dims before and after it; block tiles keep the last dim, "
+            "and rows merge only in whole tiles)",
+        )
     try:
         new_scheme.check_shape(new)
     except ValueError as e:
@@ -200,40 +171,30 @@ def slice_(q, dim=0, start=None, end=None, step=1):
             f"{what} would split packed fp4 bytes (two codes a byte along "
             "the last dim): start and length must be even, step 1",
         )
-    scale_range = (start, end, step)  # the scale rows this slice keeps along d
-    if isinstance(scheme, lowp.TensorScaling):
+    tile = scheme.tiles(rank)[d]  # the extent of a scale group along d
+    if tile is None:  # one group spans d: its scale stays whole
         scale_range = None
-    elif isinstance(scheme, lowp.AxisScaling):
-        scale_range = None if d == scheme.axis % rank else scale_range
-    elif isinstance(scheme, lowp.BlockScaling):
-        block = {rank - 2: scheme.block[0], rank - 1: scheme.block[1]}.get(d, 1)
-        if block > 1:
-            if step != 1 or start % block:
-                raise _error(
-                    "slice",
-                    q,
-                    f"{what} would cut through a {scheme.block} scale tile: "
-                    f"start must be a multiple of {block}, step 1",
-                )
-            scale_range = (start // block, -(-end // block) if end > start else start // block, 1)
-    elif isinstance(scheme, (lowp.MXScaling, lowp.NVFP4Scaling)):
-        if d == scheme.axis % rank:
-            if step != 1 or start % scheme.block or (end - start) % scheme.block:
-                raise _error(
-                    "slice",
-                    q,
-                    f"{what} would cut through a {scheme.block}-element "
-                    f"scale block: start and length must be multiples of {scheme.block}, step 1",
-                )
-            scale_range = (start // scheme.block, end // scheme.block, 1)
+    elif tile == 1:
+        scale_range = (start, end, step)
     else:
-        raise TypeError(f"not a lowp scheme: {scheme!r}")
+        if step != 1 or start % tile:
+            raise _error(
+                "slice",
+                q,
+                f"{what} would cut through a scale group of {tile} elements along it: "
+                f"start must be a multiple of {tile}, step 1",
+            )
+        scale_range = (start // tile, -(-end // tile) if end > start else start // tile, 1)
     if scheme.fmt == _FP4 and d == rank - 1:
         codes = _take(q.codes, d, start // 2, end // 2, 1)
     else:
         codes = _take(q.codes, d, start, end, step)
     scale = q.scale if scale_range is None else _take(q.scale, d, *scale_range)
     new_shape = shape[:d] + (len(range(start, end, step)),) + shape[d + 1 :]
+    try:  # a partial group only where the scheme admits one (BlockScaling's edge tiles)
+        scheme.check_shape(new_shape)
+    except ValueError as e:
+        raise _error("slice", q, f"{what} would cut through a scale group: {e}") from e
     return _qt.replace(q, codes=codes, scale=scale, shape=new_shape)
 
 
@@ -243,25 +204,15 @@ def select(q, dim: int, index: int):
     rank = len(shape)
     d, i = dim % rank, index % shape[dim] if shape[dim] else index
     q = _qt.with_scale_layout(q, "plain")
-    grouped = {
-        lowp.TensorScaling: (),
-        lowp.AxisScaling: (getattr(scheme, "axis", 0) % rank,),
-        lowp.BlockScaling: (rank - 2, rank - 1),
-        lowp.MXScaling: (getattr(scheme, "axis", 0) % rank,),
-        lowp.NVFP4Scaling: (getattr(scheme, "axis", 0) % rank,),
-    }[type(scheme)]
-    if d in grouped or (scheme.fmt == _FP4 and d == rank - 1):
+    new_scheme = scheme.selected(d, rank)
+    if new_scheme is None or (scheme.fmt == _FP4 and d == rank - 1):
         raise _error(
             "select",
             q,
             f"index {index} along dim {dim}: that dim is grouped under "
             "one scale (or packed), so a single index of it has no quantized form",
         )
-    new_scheme = scheme
-    if hasattr(scheme, "axis"):
-        ax = scheme.axis % rank
-        new_scheme = _replace(scheme, axis=ax - (d < ax) - (rank - 1))
-    scale = q.scale if isinstance(scheme, lowp.TensorScaling) else q.scale.select(d, i)
+    scale = q.scale.select(d, i) if q.scale.dim() == rank else q.scale  # () for one scale
     return _qt.replace(
         q,
         codes=q.codes.select(d, i),
@@ -294,9 +245,8 @@ def cat(tensors, dim=0):
     for q in qs[1:]:
         if _qt.scheme_of(q) != scheme or q.hp_dtype != q0.hp_dtype or q.dim() != rank:
             raise _error("cat", q, f"cannot join it to {scheme} {q0.hp_dtype} rank {rank}")
-    if isinstance(scheme, lowp.TensorScaling) or (
-        isinstance(scheme, lowp.AxisScaling) and d == scheme.axis % rank
-    ):
+    tile = scheme.tiles(rank)[d]  # the extent of a scale group along d
+    if tile is None:  # one group spans d: the parts must share its scale
         if not all(torch.equal(q.scale, q0.scale) for q in qs):  # a host sync, once per cat
             raise _error(
                 "cat",
@@ -305,17 +255,14 @@ def cat(tensors, dim=0):
                 "the result could hold only one",
             )
         scale = q0.scale
-    elif isinstance(scheme, lowp.BlockScaling) and d >= rank - 2:
-        block = scheme.block[d - (rank - 2)]
-        if any(q.shape[d] % block for q in qs[:-1]):
+    else:
+        if tile > 1 and any(q.shape[d] % tile for q in qs[:-1]):
             raise _error(
                 "cat",
                 q0,
-                f"along dim {dim}: every part but the last must be whole "
-                f"{scheme.block} tiles along it (a multiple of {block})",
+                f"along dim {dim}: every part but the last must be whole scale groups "
+                f"along it (a multiple of {tile})",
             )
-        scale = _cat_bytes([q.scale for q in qs], d)
-    else:
         scale = _cat_bytes([q.scale for q in qs], d)
     global_scale = q0.global_scale
     if global_scale is not None and not all(torch.equal(q.global_scale, global_scale) for q in qs):
@@ -358,11 +305,6 @@ def _error(op: str, q, what: str) -> ValueError:
     )
 
 
-def _replace(scheme, **changes):
-    fields = {f: getattr(scheme, f) for f in scheme.__dataclass_fields__}
-    return type(scheme)(**{**fields, **changes})
-
-
 def _cat_bytes(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
     """torch.cat through uint8 for the one-byte dtypes (cat has no kernel for some)."""
     if parts[0].dtype == torch.float32:
@@ -395,12 +337,3 @@ def _infer_shape(shape, old: tuple, op: str) -> tuple:
     if math.prod(shape) != math.prod(old):
         raise ValueError(f"{op}: shape {shape} is invalid for a tensor of shape {old}")
     return shape
-
-
-def _same_axis(old: tuple, axis: int, new: tuple) -> int | None:
-    """The dim of `new` that is `old`'s dim `axis` with the same dims before and after."""
-    before, size, after = math.prod(old[:axis]), old[axis], math.prod(old[axis + 1 :])
-    for j, n in enumerate(new):
-        if n == size and math.prod(new[:j]) == before and math.prod(new[j + 1 :]) == after:
-            return j
-    return None

@@ -34,6 +34,7 @@ def _schemes_for(fmt):
         lowp.AxisScaling(fmt=fmt, axis=0, pow2=True),
         lowp.BlockScaling(fmt=fmt, block=(2, 32)),
         lowp.MXScaling(fmt=fmt, mode="rceil"),
+        lowp.GroupScaling(fmt=fmt, block=16, pow2=fmt == "float8_e5m2"),
     ]
 
 

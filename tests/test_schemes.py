@@ -1,7 +1,9 @@
 """Schemes, recipes and presets check themselves (spec §3, §8)."""
 
 import dataclasses
+import math
 
+import numpy as np
 import pytest
 
 import lowp
@@ -146,3 +148,129 @@ def test_from_spec_names_what_is_wrong(spec, match):
 
     with pytest.raises(ValueError, match=match):
         from_spec(spec)
+
+
+# --- the scheme protocol: what the frontends read off a scheme instead of its class ---
+
+_EVERY_SCHEME = [
+    lowp.TensorScaling(),
+    lowp.TensorScaling("float4_e2m1fn", pow2=True),
+    lowp.AxisScaling(axis=0, pow2=True),
+    lowp.AxisScaling("float6_e3m2fn"),
+    lowp.BlockScaling(block=(2, 4)),
+    lowp.BlockScaling("float8_e5m2", block=(3, 5), pow2=True),
+    lowp.MXScaling(mode="rceil"),
+    lowp.MXScaling("float6_e2m3fn", block=2, mode="ceil", axis=0),
+    lowp.NVFP4Scaling(),
+    lowp.NVFP4Scaling(block=8, global_scale=False),
+    lowp.GroupScaling(),
+    lowp.GroupScaling("float4_e2m1fn", block=16, pow2=True),
+    lowp.GroupScaling("float8_e5m2", block=2, axis=0),
+]
+_SHAPES = [(64,), (6, 32), (2, 3, 32), (2, 2, 2, 32), (0,), (6, 0), (2, 0, 32)]
+
+
+def _admits(scheme, shape) -> bool:
+    try:
+        scheme.check_shape(shape)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("scheme", _EVERY_SCHEME, ids=str)
+def test_spec_and_fields_round_trip(scheme):
+    from lowp import extend
+    from lowp._schemes import from_fields
+
+    assert extend.from_spec(scheme.spec) == scheme
+    assert scheme.spec.split(":")[0] == scheme.kind
+    assert [p.split("=")[0] for p in scheme.spec.split(":")[1:]] == [
+        f.name for f in dataclasses.fields(scheme)
+    ]
+    doc = scheme.to_fields(3)
+    assert list(doc) == ["kind", *scheme.json_types()]
+    expected = dataclasses.replace(scheme, axis=doc["axis"]) if "axis" in doc else scheme
+    assert from_fields(doc) == expected
+    assert extend.scale_format(scheme) == scheme.scale_format
+    assert scheme.family in ("float", "mx", "nvfp4")
+
+
+def test_spec_spells_every_field():
+    assert lowp.MXScaling(mode="rceil").spec == "mx:fmt=float8_e4m3fn:block=32:mode=rceil:axis=-1"
+    assert lowp.BlockScaling(block=(1, 128)).spec == "block:fmt=float8_e4m3fn:block=1x128:pow2=false"
+    assert lowp.NVFP4Scaling().spec == "nvfp4:block=16:global_scale=true:axis=-1"
+
+
+@pytest.mark.parametrize("scheme", _EVERY_SCHEME, ids=str)
+def test_tiles_give_the_scale_shape(scheme):
+    for shape in _SHAPES:
+        if not _admits(scheme, shape):
+            continue
+        tiles = scheme.tiles(len(shape))
+        groups = [1 if t is None else -(-n // t) for n, t in zip(shape, tiles, strict=True)]
+        assert math.prod(groups) == math.prod(scheme.scale_shape(shape)), (shape, tiles)
+
+
+def _group_ids(scheme, shape) -> np.ndarray:
+    from lowp import extend
+
+    count = math.prod(scheme.scale_shape(shape))
+    ids = np.arange(count).reshape(scheme.scale_shape(shape))
+    return np.broadcast_to(extend.expand_groups(ids, scheme, shape), shape)
+
+
+def _same_partition(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two group-id arrays group the same elements together."""
+    pairs = set(zip(a.reshape(-1).tolist(), b.reshape(-1).tolist(), strict=True))
+    return len(pairs) == len({p[0] for p in pairs}) == len({p[1] for p in pairs})
+
+
+@pytest.mark.parametrize("scheme", _EVERY_SCHEME, ids=str)
+def test_permuted_groups_the_permuted_tensor_alike(scheme):
+    import itertools
+
+    shape = (2, 4, 32)
+    if not _admits(scheme, shape):
+        return
+    ids = _group_ids(scheme, shape)
+    for dims in itertools.permutations(range(3)):
+        moved = scheme.permuted(dims)
+        if moved is None:  # fp4 off the last axis, or a block tile into the batch dims
+            assert (scheme.fmt == "float4_e2m1fn" and dims[-1] != 2) or scheme.kind == "block"
+            continue
+        new_shape = tuple(shape[d] for d in dims)
+        assert _same_partition(ids.transpose(dims), _group_ids(moved, new_shape)), dims
+
+
+@pytest.mark.parametrize("scheme", _EVERY_SCHEME, ids=str)
+def test_reshaped_and_selected_keep_the_groups(scheme):
+    old, new = (2, 4, 32), (8, 32)
+    if not _admits(scheme, old):
+        return
+    moved = scheme.reshaped(old, new)
+    if moved is not None:
+        assert _same_partition(_group_ids(scheme, old).reshape(new), _group_ids(moved, new))
+    rank = len(old)
+    for dim in range(rank):
+        picked = scheme.selected(dim, rank)
+        if picked is None or not _admits(picked, old[:dim] + old[dim + 1 :]):
+            continue
+        part = np.take(_group_ids(scheme, old), 1, axis=dim)
+        assert _same_partition(part, _group_ids(picked, part.shape)), dim
+
+
+def test_group_scaling_of_a_whole_axis_is_axis_scaling():
+    """GroupScaling is the float-scale arithmetic on MX's groups: one group spanning
+    the axis gives AxisScaling's bytes."""
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    for pow2 in (False, True):
+        by_axis = lowp.quantize(x, lowp.AxisScaling(pow2=pow2))
+        by_group = lowp.quantize(x, lowp.GroupScaling(block=64, pow2=pow2))
+        assert np.array_equal(by_axis.codes, by_group.codes)
+        assert np.array_equal(by_axis.scale, by_group.scale)
+    assert lowp.GroupScaling(block=16).scale_shape((4, 64)) == (4, 4)
+    with pytest.raises(ValueError, match="does not divide"):
+        lowp.GroupScaling(block=24).check_shape((4, 64))
+    with pytest.raises(ValueError, match="last axis"):
+        lowp.GroupScaling("float4_e2m1fn", block=2, axis=0).check_shape((4, 64))

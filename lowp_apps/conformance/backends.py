@@ -34,7 +34,7 @@ NAMES = ("numpy", "torch_cpu", "torch_cuda_eager", "torch_cuda_compiled", "jax_c
 
 def blockable(scheme, shape) -> bool:
     """Whether the cuBLAS scale layout applies (MX / NVFP4 along the last axis)."""
-    if not isinstance(scheme, (lowp.MXScaling, lowp.NVFP4Scaling)) or not shape:
+    if scheme.family not in ("mx", "nvfp4") or not shape:
         return False
     return scheme.axis % len(shape) == len(shape) - 1
 

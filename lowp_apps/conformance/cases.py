@@ -44,7 +44,7 @@ INPUTS = (
 )
 HP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 SIZES = ("thin", "quick", "full")
-KINDS = ("tensor", "axis", "block", "mx", "nvfp4")
+KINDS = tuple(scheme_type.kind for scheme_type in extend.SCHEME_TYPES)  # the matrix rows
 EDGE_CASES = (
     "random",
     "zeros",
@@ -67,7 +67,7 @@ F32 = np.float32
 def schemes_for_rank(rank: int) -> list:
     """Every scheme x element format lowp admits at SHAPES[rank]: pow2 on and off, both
     axes, tiles that leave partial edge tiles (3x5 over 32 columns, 2x4 over 3 rows),
-    every MX mode, MX along axis 0, and the NVFP4 variants."""
+    every MX mode, MX and float-scaled groups along axis 0, and the NVFP4 variants."""
     out = []
     for fmt in ELEMENTS:
         out += [lowp.TensorScaling(fmt), lowp.TensorScaling(fmt, pow2=True)]
@@ -80,6 +80,9 @@ def schemes_for_rank(rank: int) -> list:
         out += [lowp.MXScaling(fmt, block=8, mode=mode) for mode in MX_MODES]
         if fmt != "float4_e2m1fn" and rank >= 2:
             out.append(lowp.MXScaling(fmt, block=2, mode="rceil", axis=0))
+        out.append(lowp.GroupScaling(fmt, block=8))
+        if fmt != "float4_e2m1fn" and rank >= 2:
+            out.append(lowp.GroupScaling(fmt, block=2, axis=0, pow2=True))
     out += [
         lowp.MXScaling(),
         lowp.NVFP4Scaling(),
@@ -90,8 +93,8 @@ def schemes_for_rank(rank: int) -> list:
 
 
 def scheme_kind(scheme) -> str:
-    """ "tensor", "axis", "block", "mx" or "nvfp4": the rows of the conformance matrix."""
-    return type(scheme).__name__.replace("Scaling", "").lower()
+    """The scheme's `kind` ("tensor", "axis", "block", "mx", ...): its conformance matrix row."""
+    return scheme.kind
 
 
 def scheme_id(scheme) -> str:
@@ -186,11 +189,13 @@ def _thin() -> list[Configuration]:
             lowp.BlockScaling(fmt, block=(3, 5) if odd else (2, 4), pow2=odd),
         ]
         schemes += [lowp.MXScaling(fmt, block=8, mode=mode) for mode in MX_MODES]
+        schemes.append(lowp.GroupScaling(fmt, block=8, pow2=odd))
     schemes.append(lowp.MXScaling("float8_e5m2", block=2, mode="rceil", axis=0))
+    schemes.append(lowp.GroupScaling("float8_e4m3fn", block=2, axis=0))
     schemes += [lowp.NVFP4Scaling(), lowp.NVFP4Scaling(global_scale=False, block=8)]
     out = []
     for i, scheme in enumerate(schemes):
-        needs_rank2 = isinstance(scheme, lowp.BlockScaling) or getattr(scheme, "axis", -1) == 0
+        needs_rank2 = scheme.kind == "block" or getattr(scheme, "axis", -1) == 0
         rank = 1 if i % 4 == 0 and not needs_rank2 else 2 + i % 3
         hp_dtype, rounding = INPUTS[i % len(INPUTS)]
         out.append(Configuration(scheme, SHAPES[rank], hp_dtype, rounding, extras=i % 5 == 0))
