@@ -45,7 +45,9 @@ def _module_name(path: pathlib.Path) -> str:
 
 def _top_level_imports(path: pathlib.Path) -> set[str]:
     """Dotted names imported by statements at module level (not inside functions)."""
-    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    package = (
+        _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    )
     names = set()
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
         if isinstance(node, ast.Import):

@@ -82,7 +82,8 @@ def evaluate(presets=None, *, model=None, impl="auto", jit=True, save=None) -> l
                 "min_cosine": float(cosine.min()),
                 "ranking_preserved": minilm.ranking_preserved(minilm.pair_cosines(embeddings)),
                 "layer_sqnr_db": [
-                    minilm.hidden_sqnr_db(r, s, mask_np) for r, s in zip(reference_states, states)
+                    minilm.hidden_sqnr_db(r, s, mask_np)
+                    for r, s in zip(reference_states, states, strict=False)
                 ],
                 "forward_seconds": seconds,  # the first call: compilation included
             }

@@ -64,7 +64,7 @@ def evaluate(presets, device="cpu"):
                         s.double().numpy(force=True),
                         mask.numpy(force=True),
                     )
-                    for r, s in zip(reference_states, states)
+                    for r, s in zip(reference_states, states, strict=False)
                 ],
                 "forward_seconds": seconds,
             }

@@ -396,7 +396,8 @@ def _scheme_from_json(doc, where: str, path) -> _schemes.Scheme:
             )
     if "axis" in fields and doc["axis"] < 0:
         raise _error(
-            path, f"{where}: scheme field 'axis' must be stored normalised, >= 0 (spec §9), got "
+            path,
+            f"{where}: scheme field 'axis' must be stored normalised, >= 0 (spec §9), got "
             f"{doc['axis']}",
         )
     try:

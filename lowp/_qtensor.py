@@ -99,7 +99,9 @@ def _check_scale_values(q: "QTensor", layout: "StoredLayout") -> None:
         bad = ~(np.isnan(q.scale) | ((q.scale > 0) & np.isfinite(q.scale)))
         if bad.any():
             value = q.scale.reshape(-1)[np.argmax(bad.reshape(-1))]
-            raise ValueError(f"QTensor.scale holds {value!r}: a scale is NaN or positive and finite")
+            raise ValueError(
+                f"QTensor.scale holds {value!r}: a scale is NaN or positive and finite"
+            )
     elif layout.scale_format == "float8_e4m3fn":
         bad = (q.scale & 0x80).astype(bool) & (q.scale != 0xFF)
         if bad.any():
@@ -149,7 +151,9 @@ def codes_shape(scheme: _schemes.Scheme, shape: tuple[int, ...]) -> tuple[int, .
     return shape
 
 
-def stored_scale_shape(scheme: _schemes.Scheme, shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
+def stored_scale_shape(
+    scheme: _schemes.Scheme, shape: tuple[int, ...], layout: str
+) -> tuple[int, ...]:
     """Shape of the stored scales in `layout` (validating that the layout applies)."""
     if layout == "plain":
         return scheme.scale_shape(shape)
@@ -166,7 +170,9 @@ def blocked_matrix_shape(scheme: _schemes.Scheme, shape: tuple[int, ...]) -> tup
     # MX and NVFP4 schemes block one axis: `axis` and an int `block`.
     blocked = typing.cast(_schemes.MXScaling | _schemes.NVFP4Scaling, scheme)
     if _schemes.normalize_axis(blocked.axis, len(shape), scheme) != len(shape) - 1:
-        raise ValueError(f"the cublas_blocked layout needs the blocks along the last axis ({scheme})")
+        raise ValueError(
+            f"the cublas_blocked layout needs the blocks along the last axis ({scheme})"
+        )
     return math.prod(shape[:-1]), shape[-1] // blocked.block
 
 

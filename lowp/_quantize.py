@@ -49,7 +49,9 @@ def _random_for(x: np.ndarray, rounding, random_bits, seed, offset, name) -> np.
     if source == "seed":
         return _rounding.random_bits(seed, x.shape, offset)
     if not isinstance(random_bits, np.ndarray) or random_bits.dtype != np.uint32:
-        raise TypeError(f"{name}: random_bits must be a uint32 numpy array, got {random_bits!r:.80}")
+        raise TypeError(
+            f"{name}: random_bits must be a uint32 numpy array, got {random_bits!r:.80}"
+        )
     if random_bits.shape != x.shape:
         raise ValueError(
             f"{name}: random_bits has shape {random_bits.shape}, the input {x.shape}; one per element"
@@ -77,7 +79,9 @@ def _encode_elements(v, fmt, random, poisoned_elements) -> np.ndarray:
     return np.where(poisoned_elements, np.uint8(0), codes)
 
 
-def float_scales(amax: np.ndarray, fmt: _formats.Format, pow2: bool) -> tuple[np.ndarray, np.ndarray]:
+def float_scales(
+    amax: np.ndarray, fmt: _formats.Format, pow2: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """Encode multiplier m and stored decode scale d for float scales (spec §3.1)."""
     m = np.divide(np.float32(fmt.max), np.maximum(amax, EPS), dtype=np.float32)
     if pow2:  # round down to a power of two by clearing the mantissa: exact, no log2
@@ -157,7 +161,9 @@ def quantize(
         s = np.where(poisoned, np.uint8(0xFF), mx_scale_bytes(amax_bits, fmt, scheme.mode))  # type: ignore[union-attr]
         # 2**(127 - s) is a normal float32 for every finite-group byte s in [0, 253].
         exponent = 127 - np.where(poisoned, 127, s.astype(np.int64))
-        v = _bits.ftz(np.multiply(xf, _bits.pow2(_groups.expand(exponent, scheme, shape)), dtype=np.float32))
+        v = _bits.ftz(
+            np.multiply(xf, _bits.pow2(_groups.expand(exponent, scheme, shape)), dtype=np.float32)
+        )
         codes = _encode_elements(v, fmt, random, poisoned_elements)
         scale = s.astype(np.uint8)
     elif scheme.family == "nvfp4":
@@ -189,7 +195,9 @@ def _nvfp4_global(absb: np.ndarray, scheme) -> tuple[np.float32, np.float32, boo
         return one, one, False
     tensor_amax = _bits.from_bits(np.asarray(tensor_amax_bits, np.uint32))
     with np.errstate(over="ignore"):
-        s_enc = np.minimum(np.divide(np.float32(2688), tensor_amax, dtype=np.float32), _bits.FLT_MAX)
+        s_enc = np.minimum(
+            np.divide(np.float32(2688), tensor_amax, dtype=np.float32), _bits.FLT_MAX
+        )
     s_dec = _bits.ftz(np.divide(one, s_enc, dtype=np.float32))
     return np.float32(s_enc), np.float32(s_dec), False
 
@@ -202,11 +210,17 @@ def _quantize_nvfp4(xf, absb, scheme, random, block_amax, block_poisoned):
     one = np.float32(1)
     k = np.multiply(s_enc, np.divide(one, np.float32(6), dtype=np.float32), dtype=np.float32)
     with np.errstate(over="ignore"):  # amax*k and x*inv may overflow: min/clamp bound them
-        sb_value = np.minimum(_bits.ftz(np.multiply(block_amax, k, dtype=np.float32)), np.float32(448))
+        sb_value = np.minimum(
+            _bits.ftz(np.multiply(block_amax, k, dtype=np.float32)), np.float32(448)
+        )
         sb = _formats.encode_in_range(sb_value, _E4M3)
         p = _bits.ftz(np.multiply(_formats.decode(sb, _E4M3), s_dec, dtype=np.float32))
         safe_p = np.where(p == 0, one, p)
-        inv = np.where(p == 0, _bits.FLT_MAX, np.minimum(np.divide(one, safe_p, dtype=np.float32), _bits.FLT_MAX))
+        inv = np.where(
+            p == 0,
+            _bits.FLT_MAX,
+            np.minimum(np.divide(one, safe_p, dtype=np.float32), _bits.FLT_MAX),
+        )
         v = np.multiply(xf, _groups.expand(inv, scheme, xf.shape), dtype=np.float32)
     codes = _encode_elements(v, _E2M1, random, _groups.expand(block_poisoned, scheme, xf.shape))
     scale = np.where(block_poisoned, np.uint8(_E4M3.nan_codes[0]), sb).astype(np.uint8)
@@ -251,7 +265,9 @@ def dequantize(q: _qtensor.QTensor, out_dtype: str | None = None) -> np.ndarray:
         raise TypeError(f"dequantize takes a lowp.QTensor, got {type(q).__name__}")
     out_dtype = q.hp_dtype if out_dtype is None else out_dtype
     if out_dtype not in _NUMPY_DTYPES:
-        raise ValueError(f"out_dtype must be one of {tuple(_NUMPY_DTYPES)} or None, got {out_dtype!r}")
+        raise ValueError(
+            f"out_dtype must be one of {tuple(_NUMPY_DTYPES)} or None, got {out_dtype!r}"
+        )
     scheme = q.scheme
     fmt = _formats.element_format(scheme.fmt)
     codes = _layouts.unpack_fp4(q.codes) if fmt.name == "float4_e2m1fn" else q.codes
@@ -280,5 +296,7 @@ def dequantize(q: _qtensor.QTensor, out_dtype: str | None = None) -> np.ndarray:
     poisoned = _groups.expand(poisoned_groups(q), scheme, q.shape) | np.isnan(out)
     with np.errstate(over="ignore"):  # RN_out may overflow float16 to +-Inf, as IEEE says
         result = out.astype(_NUMPY_DTYPES[out_dtype])
-    nan = np.array(_CANONICAL_NAN_BITS[out_dtype], dtype=np.uint32 if out_dtype == "float32" else np.uint16)
+    nan = np.array(
+        _CANONICAL_NAN_BITS[out_dtype], dtype=np.uint32 if out_dtype == "float32" else np.uint16
+    )
     return np.where(poisoned, nan.view(_NUMPY_DTYPES[out_dtype]), result)

@@ -529,7 +529,9 @@ def from_spec(spec: str) -> Scheme:
     """
     kind, *assignments = spec.split(":")
     if kind not in _SPEC_KINDS:
-        raise ValueError(f"unknown scheme kind {kind!r} in {spec!r}; expected one of {tuple(_SPEC_KINDS)}")
+        raise ValueError(
+            f"unknown scheme kind {kind!r} in {spec!r}; expected one of {tuple(_SPEC_KINDS)}"
+        )
     scheme_type = _SPEC_KINDS[kind]
     fields = {f.name: f.type for f in dataclasses.fields(scheme_type)}
     kwargs: dict[str, typing.Any] = {}

@@ -285,7 +285,9 @@ def _run_inspect(args) -> int:
         try:
             select = re.compile(args.filter)
         except re.error as err:
-            raise _UsageError(f"--filter {args.filter!r} is not a regular expression: {err}") from None
+            raise _UsageError(
+                f"--filter {args.filter!r} is not a regular expression: {err}"
+            ) from None
     try:
         arrays = inspection.read_checkpoint(path)
     except Exception as err:  # noqa: BLE001 -- any failure to parse is the file's fault

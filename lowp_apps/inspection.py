@@ -348,8 +348,8 @@ def inspect_arrays(
 ) -> Inspection:
     """Inspect the tensors of `arrays` (name -> numpy array or lowp.QTensor) that `select`
     takes ("all", the default; "linear": what the presets quantize, `lowp inspect`'s
-    default; or a compiled regular expression on the name) with every scheme of `schemes` (label -> Scheme); QTensors are
-    reported as stored. `progress(done, total)` is called after each tensor."""
+    default; or a compiled regular expression on the name) with every scheme of
+    `schemes` (label -> Scheme); QTensors are reported as stored. `progress(done, total)` is called after each tensor."""
     rows: list[Row] = []
     skipped: list[Skipped] = []
     stored: list[Stored] = []

@@ -14,7 +14,7 @@ def table(header, rows, right=frozenset()) -> str:
     for r in [header, *rows]:
         cells = [
             str(c).rjust(w) if i in right else str(c).ljust(w)
-            for i, (c, w) in enumerate(zip(r, widths))
+            for i, (c, w) in enumerate(zip(r, widths, strict=False))
         ]
         lines.append("  ".join(cells).rstrip())
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -58,7 +58,10 @@ def inspection_text(result, top: int | None = None) -> str:
     ]
     out += _skipped_lines(result.skipped)
     if result.stored:
-        out += ["", f"stored quantized ({len(result.stored)} tensors, reported as the file holds them):"]
+        out += [
+            "",
+            f"stored quantized ({len(result.stored)} tensors, reported as the file holds them):",
+        ]
         out.append(_stored_table(result.stored))
     out += ["", "schemes (a preset name stands for its weight scheme):"]
     out += [f"  {s.name:<18} {s.scheme}" for s in result.summaries]
@@ -149,7 +152,17 @@ def _stored_table(stored) -> str:
         )
         for s in stored
     ]
-    header = ("tensor", "shape", "from", "scheme", "groups", "poisoned", "at max %", "zero %", "scale log2")
+    header = (
+        "tensor",
+        "shape",
+        "from",
+        "scheme",
+        "groups",
+        "poisoned",
+        "at max %",
+        "zero %",
+        "scale log2",
+    )
     return table(header, rows, right={4, 5, 6, 7})
 
 
@@ -160,11 +173,13 @@ def _na_table(header, rows, right) -> str:
     lines = []
     for r in [header, *rows]:
         if r[3].startswith("n/a: "):
-            lines.append("  ".join(c.ljust(w) for c, w in zip(r[:3], widths[:3])) + "  " + r[3])
+            lines.append(
+                "  ".join(c.ljust(w) for c, w in zip(r[:3], widths[:3], strict=False)) + "  " + r[3]
+            )
             continue
         cells = [
             str(c).rjust(w) if i in right else str(c).ljust(w)
-            for i, (c, w) in enumerate(zip(r, widths))
+            for i, (c, w) in enumerate(zip(r, widths, strict=False))
         ]
         lines.append("  ".join(cells).rstrip())
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -341,7 +356,7 @@ def plot_inspection(result, png_path: str) -> None:
             color=colour,
             label=label,
         )
-        for xi, p in zip(x + offset, pct):
+        for xi, p in zip(x + offset, pct, strict=False):
             text = "0" if p == 0 else f"{p:.2g}"
             bars.annotate(text, (xi, max(p, floor)), ha="center", va="bottom", fontsize=7)
     bars.set_yscale("log")

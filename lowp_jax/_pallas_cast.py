@@ -123,10 +123,7 @@ def applies(
         return False
     if isinstance(scheme, lowp.AxisScaling):
         grouped_axis = len(shape) - (2 if transposed else 1)
-        if (
-            len(shape) < 2
-            or extend.normalize_axis(scheme.axis, len(shape), scheme) != grouped_axis
-        ):
+        if len(shape) < 2 or extend.normalize_axis(scheme.axis, len(shape), scheme) != grouped_axis:
             return False
     elif transposed or not isinstance(scheme, lowp.TensorScaling):
         return False

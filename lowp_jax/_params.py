@@ -282,7 +282,7 @@ def _flatten(params):
             return nnx.from_flat_state(
                 [
                     (p, v.replace(new) if hasattr(v, "replace") else new)
-                    for (p, v), new in zip(flat, values)
+                    for (p, v), new in zip(flat, values, strict=False)
                 ]
             )
 

@@ -112,7 +112,9 @@ class QArray:
     scale_layout: str = "plain"
 
     def __post_init__(self):
-        layout = extend.check_layout("QArray", self.scheme, self.shape, self.hp_dtype, self.scale_layout)
+        layout = extend.check_layout(
+            "QArray", self.scheme, self.shape, self.hp_dtype, self.scale_layout
+        )
         _expect("codes", self.codes, _STORAGE[self.scheme.fmt], layout.codes_shape)
         _expect("scale", self.scale, _STORAGE[layout.scale_format], layout.scale_shape)
         if layout.has_global_scale:
@@ -132,9 +134,9 @@ class QArray:
     def tree_unflatten(cls, aux, leaves):
         # JAX rebuilds pytrees with placeholders and batched leaves: no checks here.
         obj = object.__new__(cls)
-        for field, value in zip(("codes", "scale", "global_scale"), leaves):
+        for field, value in zip(("codes", "scale", "global_scale"), leaves, strict=False):
             object.__setattr__(obj, field, value)
-        for field, value in zip(("scheme", "shape", "hp_dtype", "scale_layout"), aux):
+        for field, value in zip(("scheme", "shape", "hp_dtype", "scale_layout"), aux, strict=False):
             object.__setattr__(obj, field, value)
         return obj
 

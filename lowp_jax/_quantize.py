@@ -1,7 +1,8 @@
 """`quantize` and `dequantize` on JAX arrays: the bytes of `lowp.quantize`, on every backend.
 
 Each scale family's algorithm (`scheme.family`: float, MX, NVFP4) is one branch of
-`quantize` and one of `dequantize`, in the order spec §3 gives, with the hazards of spec §0 taken out of XLA's hands:
+`quantize` and one of `dequantize`, in the order spec §3 gives, with the hazards of
+spec §0 taken out of XLA's hands:
 
 - inputs and outputs are converted, flushed, clamped and compared as integer patterns;
 - every division goes through `_exact.div_rn` (JAX's `/` is not correctly rounded on

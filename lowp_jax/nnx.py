@@ -89,8 +89,8 @@ def quantize_model(model: nnx.Module, config, filter_fn=None, *, impl: str = "au
     The kernels of its `nnx.Linear` layers are quantized by `lowp_jax.quantize_params`
     (with `filter_fn`); each `nnx.Linear` whose kernel it quantized gets
     `dot_general=QuantizedDotGeneral(config, impl)` and the QArray-aware `promote_dtype`.
-    Other layers with a rank-2 kernel (`nnx.LinearGeneral`, `nnx.Einsum`) keep theirs. The model passed in is not changed
-    (the copy shares its other arrays).
+    Other layers with a rank-2 kernel (`nnx.LinearGeneral`, `nnx.Einsum`) keep theirs.
+    The model passed in is not changed (the copy shares its other arrays).
 
     Args:
       model: any nnx module.

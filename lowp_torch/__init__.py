@@ -7,10 +7,10 @@ torch.Tensor subclass a model can hold as a weight; `scaled_matmul` lowers a qua
 GEMM to torch._scaled_mm, fbgemm or emulation; `quantize_` converts a model's linears
 for inference.
 
-Training (spec §8): `convert_to_training(model, recipe)` swaps each nn.Linear for a `Linear` whose forward, dgrad and wgrad GEMMs
-are quantized as the recipe says, in eager mode and under torch.compile;
-`training_operands` shows the bytes each GEMM gets; `to_inference` turns the trained
-model into `quantize_`'s inference form.
+Training (spec §8): `convert_to_training(model, recipe)` swaps each nn.Linear for a
+`Linear` whose forward, dgrad and wgrad GEMMs are quantized as the recipe says, in
+eager mode and under torch.compile; `training_operands` shows the bytes each GEMM gets;
+`to_inference` turns the trained model into `quantize_`'s inference form.
 
 Speed without torch.compile: on CUDA, eager `quantize` runs fp8 tensorwise, rowwise
 and MX casts as fused Triton kernels (same bytes); `cast_kernels` picks the path.

@@ -154,7 +154,6 @@ def _describe(t) -> str:
 _TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # found, not imported
 
 
-
 def _interpreting() -> bool:
     """Whether Triton runs kernels in its CPU interpreter (read as triton does)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")

@@ -67,6 +67,6 @@ def expand(g: torch.Tensor, scheme: lowp.Scheme, shape: tuple[int, ...]) -> torc
     if len(full) == len(shape):  # no tiled axis: a plain broadcast
         return out
     out = out.reshape(padded)
-    if any(isinstance(p, torch.SymInt) or p != n for p, n in zip(padded, shape)):
+    if any(isinstance(p, torch.SymInt) or p != n for p, n in zip(padded, shape, strict=False)):
         out = out[tuple(slice(0, n) for n in shape)]  # partial edge tiles
     return out

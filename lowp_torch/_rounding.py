@@ -59,9 +59,7 @@ def random_bits(seed: int, shape, offset: int = 0, *, device=None) -> torch.Tens
     return x.reshape(shape)
 
 
-def round_elements(
-    v: torch.Tensor, fmt: lowp.Format, random: torch.Tensor | None
-) -> torch.Tensor:
+def round_elements(v: torch.Tensor, fmt: lowp.Format, random: torch.Tensor | None) -> torch.Tensor:
     """uint8 codes for float32 `v`, already clamped to ±fmt.max and flushed.
 
     `random` is None for round-to-nearest-even, else an int64 tensor of uint32 values,

@@ -230,7 +230,7 @@ def split(q, split_size, dim=0):
     else:
         sizes = list(split_size)
     starts = [sum(sizes[:k]) for k in range(len(sizes))]
-    return [slice_(q, dim, s, s + n, 1) for s, n in zip(starts, sizes)]
+    return [slice_(q, dim, s, s + n, 1) for s, n in zip(starts, sizes, strict=False)]
 
 
 def cat(tensors, dim=0):

@@ -39,7 +39,6 @@ tensor may have more than 2**31 elements.
 import triton
 import triton.language as tl
 
-
 # Globals a kernel reads must be tl.constexpr.
 _EXP_MASK = tl.constexpr(0x7F800000)
 _ABS_MASK = tl.constexpr(0x7FFFFFFF)

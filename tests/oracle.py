@@ -21,7 +21,7 @@ FMT_DTYPES = {
     "float4_e2m1fn": ml_dtypes.float4_e2m1fn,
 }
 FMT_MAX = {name: float(ml_dtypes.finfo(dt).max) for name, dt in FMT_DTYPES.items()}
-FMT_EMAX = {name: int(math.floor(math.log2(m))) for name, m in FMT_MAX.items()}
+FMT_EMAX = {name: math.floor(math.log2(m)) for name, m in FMT_MAX.items()}
 F32 = np.float32
 
 
@@ -100,7 +100,9 @@ def quantize_nearest(x: np.ndarray, scheme):
     top = FMT_MAX[fmt]
     codes = np.zeros(shape, np.uint8)
     scale_shape = scheme.scale_shape(shape)
-    scale = np.zeros(scale_shape, F32 if kind in ("TensorScaling", "AxisScaling", "BlockScaling") else np.uint8)
+    scale = np.zeros(
+        scale_shape, F32 if kind in ("TensorScaling", "AxisScaling", "BlockScaling") else np.uint8
+    )
     flushed = np.vectorize(ftz_scalar, otypes=[F32])(x) if x.size else x
     global_scale = None
     if kind == "NVFP4Scaling":
@@ -114,7 +116,9 @@ def quantize_nearest(x: np.ndarray, scheme):
             s_enc = s_dec = F32(1)
     for sidx, members in groups(shape, scheme):
         vals = [flushed[i] for i in members]
-        if not all(np.isfinite(v) for v in vals) or (kind == "NVFP4Scaling" and global_scale is not None and np.isnan(global_scale)):
+        if not all(np.isfinite(v) for v in vals) or (
+            kind == "NVFP4Scaling" and global_scale is not None and np.isnan(global_scale)
+        ):
             scale[sidx] = np.nan if scale.dtype == F32 else (0xFF if kind == "MXScaling" else 0x7F)
             continue
         amax = max((abs(float(v)) for v in vals), default=0.0)
@@ -160,8 +164,20 @@ def hash_bits(seed: int, index: int, offset: int = 0) -> int:
 
 def stochastic_value(v: float, fmt: str, r: int) -> float:
     """spec §4 with exact rationals: round |v| down or up on the format's grid."""
-    mbits = {"float8_e4m3fn": 3, "float8_e5m2": 2, "float6_e2m3fn": 3, "float6_e3m2fn": 2, "float4_e2m1fn": 1}[fmt]
-    bias = {"float8_e4m3fn": 7, "float8_e5m2": 15, "float6_e2m3fn": 1, "float6_e3m2fn": 3, "float4_e2m1fn": 1}[fmt]
+    mbits = {
+        "float8_e4m3fn": 3,
+        "float8_e5m2": 2,
+        "float6_e2m3fn": 3,
+        "float6_e3m2fn": 2,
+        "float4_e2m1fn": 1,
+    }[fmt]
+    bias = {
+        "float8_e4m3fn": 7,
+        "float8_e5m2": 15,
+        "float6_e2m3fn": 1,
+        "float6_e3m2fn": 3,
+        "float4_e2m1fn": 1,
+    }[fmt]
     a = Fraction(abs(v))
     e = 1 - bias if a == 0 else max(math.frexp(abs(v))[1] - 1, 1 - bias)
     t = a * Fraction(2) ** (mbits - e)

@@ -159,7 +159,9 @@ def test_by_default_only_the_linear_weights_the_presets_quantize(capsys, npz_fil
 
 
 def test_filter_picks_tensors_by_name(capsys, npz_file):
-    code, out, _ = run(capsys, "inspect", npz_file, "--json", "--filter", "^ex", "--scheme", "mxfp8")
+    code, out, _ = run(
+        capsys, "inspect", npz_file, "--json", "--filter", "^ex", "--scheme", "mxfp8"
+    )
     assert code == 0
     result = json.loads(out)
     assert {r["tensor"] for r in result["rows"]} == {"exact"}
@@ -342,7 +344,9 @@ def test_default_inspect_of_minilm(capsys):
 
 
 def test_scheme_specs_beside_presets(capsys, npz_file):
-    code, out, _ = run(capsys, "inspect", npz_file, "--json", "--scheme", "mx:mode=floor:block=8,mxfp8")
+    code, out, _ = run(
+        capsys, "inspect", npz_file, "--json", "--scheme", "mx:mode=floor:block=8,mxfp8"
+    )
     assert code == 0
     schemes = {s["name"]: s["scheme"] for s in json.loads(out)["schemes"]}
     assert schemes == {

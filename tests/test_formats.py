@@ -27,7 +27,9 @@ def finite_codes(fmt):
         ("float4_e2m1fn", 4, 1, 6.0, 0x400000, 1.0, 0.5, 2),
     ],
 )
-def test_metadata_matches_the_spec_table(name, bits, bias, max_value, mc, min_normal, min_sub, emax):
+def test_metadata_matches_the_spec_table(
+    name, bits, bias, max_value, mc, min_normal, min_sub, emax
+):
     fmt = lowp.FORMATS[name]
     assert (fmt.bits, fmt.bias, fmt.max, fmt.max_mantissa) == (bits, bias, max_value, mc)
     assert (fmt.min_normal, fmt.min_subnormal, fmt.emax) == (min_normal, min_sub, emax)
@@ -49,7 +51,9 @@ def test_nan_and_inf_codes():
 def test_decode_every_code_matches_ml_dtypes(name):
     fmt = lowp.FORMATS[name]
     ours = lowp.decode(np.arange(1 << fmt.bits, dtype=np.uint8), fmt)
-    theirs = np.arange(1 << fmt.bits, dtype=np.uint8).view(getattr(ml_dtypes, name)).astype(np.float32)
+    theirs = (
+        np.arange(1 << fmt.bits, dtype=np.uint8).view(getattr(ml_dtypes, name)).astype(np.float32)
+    )
     np.testing.assert_array_equal(np.isnan(ours), np.isnan(theirs))
     ok = ~np.isnan(theirs)
     np.testing.assert_array_equal(ours[ok].view(np.uint32), theirs[ok].view(np.uint32))
@@ -76,13 +80,20 @@ def test_midpoints_round_to_even_on_both_sides(name):
     assert np.array_equal(mid.astype(np.float64), (lower + upper) / 2)  # midpoints are exact
     even = np.where(positive[:-1] % 2 == 0, positive[:-1], positive[1:])
     checks = {0: even}
-    for steps, expect in ((1, positive[1:]), (2, positive[1:]), (-1, positive[:-1]), (-2, positive[:-1])):
+    for steps, expect in (
+        (1, positive[1:]),
+        (2, positive[1:]),
+        (-1, positive[:-1]),
+        (-2, positive[:-1]),
+    ):
         checks[steps] = expect
     sign = np.uint8(1 << (fmt.bits - 1))
     for steps, expect in checks.items():
         probe = (mid.view(np.uint32).astype(np.int64) + steps).astype(np.uint32).view(np.float32)
         np.testing.assert_array_equal(lowp.encode(probe, fmt), expect, err_msg=f"{steps} ulp")
-        np.testing.assert_array_equal(lowp.encode(-probe, fmt), expect | sign, err_msg=f"-, {steps} ulp")
+        np.testing.assert_array_equal(
+            lowp.encode(-probe, fmt), expect | sign, err_msg=f"-, {steps} ulp"
+        )
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 import dataclasses
 import importlib.util
+import itertools
 import json
 import os
 import struct
@@ -193,7 +194,7 @@ def test_file_layout_follows_safetensors(tmp_path):
     assert names == ["a.codes", "a.global_scale", "a.scale", "m", "z"]  # sorted by name
     offsets = [header[k]["data_offsets"] for k in names]
     assert offsets[0][0] == 0 and offsets[-1][1] == len(data)
-    assert all(prev[1] == cur[0] for prev, cur in zip(offsets, offsets[1:]))  # contiguous
+    assert all(prev[1] == cur[0] for prev, cur in itertools.pairwise(offsets))  # contiguous
     assert header["a.global_scale"] == {"dtype": "F32", "shape": [], "data_offsets": [16, 20]}
     doc = json.loads(header["__metadata__"]["lowp"])
     assert doc == {
@@ -306,9 +307,9 @@ def test_read_arrays_reads_npz_and_safetensors(tmp_path):
     from_st = lowp.read_arrays(tmp_path / "x.safetensors")
     assert sorted(from_npz) == ["a", "b"]
     assert sorted(from_st) == ["a", "b", "q.codes", "q.scale"]
-    for name in arrays:
-        np.testing.assert_array_equal(from_npz[name], arrays[name])
-        np.testing.assert_array_equal(from_st[name], arrays[name])
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(from_npz[name], array)
+        np.testing.assert_array_equal(from_st[name], array)
 
 
 def test_read_arrays_refuses_pickles_and_other_suffixes(tmp_path):

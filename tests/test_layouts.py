@@ -53,7 +53,11 @@ def test_from_cublas_blocked_checks_the_shape():
 
 @pytest.mark.parametrize(
     "scheme, shape",
-    [(lowp.MXScaling(), (3, 5, 64)), (lowp.NVFP4Scaling(), (200, 48)), (lowp.MXScaling("float4_e2m1fn"), (7, 32))],
+    [
+        (lowp.MXScaling(), (3, 5, 64)),
+        (lowp.NVFP4Scaling(), (200, 48)),
+        (lowp.MXScaling("float4_e2m1fn"), (7, 32)),
+    ],
     ids=str,
 )
 def test_qtensor_layouts_dequantize_identically(scheme, shape):

@@ -43,7 +43,7 @@ def test_every_recipe_plans_spec_8s_orientation_and_its_own_schemes(name):
             continue
         assert gemm_plan.name == gemm and gemm_plan.fast_accum == spec.fast_accum
         for op, scheme, (op_name, dims) in zip(
-            (gemm_plan.a, gemm_plan.b), (spec.a, spec.b), operands
+            (gemm_plan.a, gemm_plan.b), (spec.a, spec.b), operands, strict=False
         ):
             assert (op.name, op.dims, op.scheme) == (op_name, dims, scheme), (gemm, op)
             assert op.transposed == op_name.endswith(".T")

@@ -2,12 +2,12 @@
 from 1e-30 to 1e30, NaN/Inf placement and partial blocks."""
 
 import numpy as np
+import oracle
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lowp
-import oracle
 
 FORMATS = list(lowp.ELEMENT_FORMATS)
 
@@ -24,7 +24,9 @@ def inputs(draw, last_multiple=1):
     spread = draw(st.sampled_from(["wide", "narrow"]))
     if spread == "narrow":  # one magnitude per tensor: most elements survive the scale
         x = (rng.standard_normal(shape) * 10.0 ** draw(st.integers(-30, 30))).astype(np.float32)
-    for special in draw(st.lists(st.sampled_from([np.nan, np.inf, -np.inf, 0.0, 1e-40]), max_size=3)):
+    for special in draw(
+        st.lists(st.sampled_from([np.nan, np.inf, -np.inf, 0.0, 1e-40]), max_size=3)
+    ):
         x.reshape(-1)[rng.integers(x.size)] = special
     return x
 
@@ -34,7 +36,9 @@ def check(x, scheme):
     codes, scale, global_scale = oracle.quantize_nearest(x, scheme)
     got = lowp.unpack_fp4(q.codes) if scheme.fmt == "float4_e2m1fn" else q.codes
     np.testing.assert_array_equal(got, codes)
-    np.testing.assert_array_equal(q.scale.reshape(-1).view(np.uint8), scale.reshape(-1).view(np.uint8))
+    np.testing.assert_array_equal(
+        q.scale.reshape(-1).view(np.uint8), scale.reshape(-1).view(np.uint8)
+    )
     if global_scale is not None:
         assert q.global_scale.view(np.uint32) == np.float32(global_scale).view(np.uint32)
     out = lowp.dequantize(q)
@@ -48,12 +52,19 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 
 
 @SETTINGS
-@given(x=inputs(last_multiple=2), fmt=st.sampled_from(FORMATS), pow2=st.booleans(), kind=st.sampled_from(["tensor", "axis", "block"]))
+@given(
+    x=inputs(last_multiple=2),
+    fmt=st.sampled_from(FORMATS),
+    pow2=st.booleans(),
+    kind=st.sampled_from(["tensor", "axis", "block"]),
+)
 def test_float_scales(x, fmt, pow2, kind):
     if kind == "tensor":
         scheme = lowp.TensorScaling(fmt, pow2=pow2)
     elif kind == "axis":
-        scheme = lowp.AxisScaling(fmt, axis=int(np.random.default_rng(x.size).integers(-x.ndim, x.ndim)), pow2=pow2)
+        scheme = lowp.AxisScaling(
+            fmt, axis=int(np.random.default_rng(x.size).integers(-x.ndim, x.ndim)), pow2=pow2
+        )
     else:
         if x.ndim < 2:
             x = x.reshape(1, -1)
@@ -62,7 +73,11 @@ def test_float_scales(x, fmt, pow2, kind):
 
 
 @SETTINGS
-@given(x=inputs(last_multiple=8), fmt=st.sampled_from(FORMATS), mode=st.sampled_from(["floor", "ceil", "rceil"]))
+@given(
+    x=inputs(last_multiple=8),
+    fmt=st.sampled_from(FORMATS),
+    mode=st.sampled_from(["floor", "ceil", "rceil"]),
+)
 def test_mx(x, fmt, mode):
     check(x, lowp.MXScaling(fmt, block=8, mode=mode))
 
@@ -77,7 +92,11 @@ def test_nvfp4(x, global_scale):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_amax_of_every_float32_exponent(fmt):
     """One tensor per float32 exponent: amax 1.5 * 2^e for e in -126..127."""
-    schemes = (lowp.TensorScaling(fmt), lowp.TensorScaling(fmt, pow2=True), lowp.MXScaling(fmt, block=4, mode="rceil"))
+    schemes = (
+        lowp.TensorScaling(fmt),
+        lowp.TensorScaling(fmt, pow2=True),
+        lowp.MXScaling(fmt, block=4, mode="rceil"),
+    )
     for e in range(-126, 128):
         x = np.array([1.5 * 2.0**e, -0.75 * 2.0**e, 2.0**e / 3, 0.0], np.float32)
         for scheme in schemes:

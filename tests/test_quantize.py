@@ -8,10 +8,10 @@ import dataclasses
 
 import ml_dtypes
 import numpy as np
+import oracle
 import pytest
 
 import lowp
-import oracle
 
 ELEMENTS = list(lowp.ELEMENT_FORMATS)
 NAN32 = 0x7FC00000
@@ -24,7 +24,10 @@ def schemes_for_rank(rank):
         out += [lowp.TensorScaling(fmt), lowp.TensorScaling(fmt, pow2=True)]
         out += [lowp.AxisScaling(fmt, axis=-1), lowp.AxisScaling(fmt, axis=0, pow2=True)]
         if rank >= 2:
-            out += [lowp.BlockScaling(fmt, block=(2, 4)), lowp.BlockScaling(fmt, block=(3, 5), pow2=True)]
+            out += [
+                lowp.BlockScaling(fmt, block=(2, 4)),
+                lowp.BlockScaling(fmt, block=(3, 5), pow2=True),
+            ]
         for mode in ("floor", "ceil", "rceil"):
             out.append(lowp.MXScaling(fmt, block=8, mode=mode))
         if fmt != "float4_e2m1fn" and rank >= 2:
@@ -55,7 +58,9 @@ def test_random_data_matches_the_oracle(rank, scheme):
     q = lowp.quantize(x, scheme)
     codes, scale, global_scale = oracle.quantize_nearest(x, scheme)
     np.testing.assert_array_equal(unpacked_codes(q), codes)
-    np.testing.assert_array_equal(q.scale.reshape(-1).view(np.uint8), scale.reshape(-1).view(np.uint8))
+    np.testing.assert_array_equal(
+        q.scale.reshape(-1).view(np.uint8), scale.reshape(-1).view(np.uint8)
+    )
     if global_scale is None:
         assert q.global_scale is None
     else:
@@ -72,7 +77,7 @@ def test_dequantize_is_within_half_a_step_of_the_input(rank, scheme):
     err = np.abs(y - x) / np.maximum(np.abs(x), 1e-30)
     mbits = lowp.FORMATS[scheme.fmt].mbits
     normal = np.abs(x) > np.max(np.abs(x)) * 2.0 ** -(mbits + 6)
-    assert np.mean(err[normal] <= 2.0 ** -mbits) > 0.9
+    assert np.mean(err[normal] <= 2.0**-mbits) > 0.9
 
 
 @pytest.mark.parametrize("hp", ["bfloat16", "float16"])
@@ -105,7 +110,10 @@ def test_tensorwise_scale_is_the_reciprocal_of_the_rounded_multiplier():
     q = lowp.quantize(x, lowp.TensorScaling())
     m = np.float32(448) / np.float32(3)  # 149.33333 rounded once
     assert q.scale == np.float32(1) / m
-    assert q.codes.tolist() == [0x7E, int(np.float32(-m).astype(ml_dtypes.float8_e4m3fn).view(np.uint8))]
+    assert q.codes.tolist() == [
+        0x7E,
+        int(np.float32(-m).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)),
+    ]
 
 
 def test_pow2_clears_mantissa_bits_just_below_a_power_of_two():
@@ -201,7 +209,12 @@ def test_nvfp4_global_scale_by_hand():
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize(
     "scheme",
-    [lowp.AxisScaling(), lowp.BlockScaling(block=(1, 4)), lowp.MXScaling(block=4), lowp.NVFP4Scaling(block=4, global_scale=False)],
+    [
+        lowp.AxisScaling(),
+        lowp.BlockScaling(block=(1, 4)),
+        lowp.MXScaling(block=4),
+        lowp.NVFP4Scaling(block=4, global_scale=False),
+    ],
     ids=str,
 )
 def test_a_non_finite_element_poisons_only_its_group(bad, scheme):
@@ -232,7 +245,9 @@ def test_nvfp4_with_global_scale_is_poisoned_whole():
     assert (lowp.dequantize(q).view(np.uint32) == NAN32).all()
 
 
-@pytest.mark.parametrize("out_dtype, bits", [("float32", 0x7FC00000), ("bfloat16", 0x7FC0), ("float16", 0x7E00)])
+@pytest.mark.parametrize(
+    "out_dtype, bits", [("float32", 0x7FC00000), ("bfloat16", 0x7FC0), ("float16", 0x7E00)]
+)
 def test_poisoned_groups_dequantize_to_the_canonical_nan(out_dtype, bits):
     x = np.array([1.0, np.nan], np.float32)
     out = lowp.dequantize(lowp.quantize(x, lowp.TensorScaling()), out_dtype)
@@ -249,7 +264,9 @@ def test_float32_subnormal_inputs_flush_keeping_their_sign():
 
 @pytest.mark.parametrize("shape", [(0,), (0, 32), (4, 0), (2, 0, 32)])
 @pytest.mark.parametrize(
-    "scheme", [lowp.TensorScaling(), lowp.AxisScaling(), lowp.MXScaling(), lowp.NVFP4Scaling()], ids=str
+    "scheme",
+    [lowp.TensorScaling(), lowp.AxisScaling(), lowp.MXScaling(), lowp.NVFP4Scaling()],
+    ids=str,
 )
 def test_empty_tensors(shape, scheme):
     q = lowp.quantize(np.zeros(shape, np.float32), scheme)
@@ -283,17 +300,29 @@ def test_stochastic_codes_match_exact_rationals(fmt):
     x = (rng.standard_normal(256) * top / 3).astype(np.float32)
     x[:4] = [0.0, -0.0, top, -top]
     r = rng.integers(0, 2**32, size=x.shape, dtype=np.uint32)
-    q = lowp.quantize(x, lowp.MXScaling(fmt, block=256, mode="rceil"), rounding="stochastic", random_bits=r)
+    q = lowp.quantize(
+        x, lowp.MXScaling(fmt, block=256, mode="rceil"), rounding="stochastic", random_bits=r
+    )
     s = int(q.scale[0])
     scaled = [float(np.float32(v * np.float32(2.0 ** (127 - s)))) for v in x]
-    want = [oracle.cast_code(oracle.stochastic_value(v, fmt, int(ri)), fmt) for v, ri in zip(scaled, r)]
+    want = [
+        oracle.cast_code(oracle.stochastic_value(v, fmt, int(ri)), fmt)
+        for v, ri in zip(scaled, r, strict=False)
+    ]
     assert unpacked_codes(q).tolist() == want
 
 
 def test_stochastic_extremes_truncate_or_round_away():
     x = np.array([1.1, -1.1, 1.0], np.float32)  # e4m3 grid near 1: 1.0, 1.125
-    down = lowp.quantize(x, lowp.MXScaling(block=3), rounding="stochastic", random_bits=np.zeros(3, np.uint32))
-    up = lowp.quantize(x, lowp.MXScaling(block=3), rounding="stochastic", random_bits=np.full(3, 2**32 - 1, np.uint32))
+    down = lowp.quantize(
+        x, lowp.MXScaling(block=3), rounding="stochastic", random_bits=np.zeros(3, np.uint32)
+    )
+    up = lowp.quantize(
+        x,
+        lowp.MXScaling(block=3),
+        rounding="stochastic",
+        random_bits=np.full(3, 2**32 - 1, np.uint32),
+    )
     assert lowp.dequantize(down).tolist() == [1.0, -1.0, 1.0]
     assert lowp.dequantize(up).tolist() == [1.125, -1.125, 1.0]
 
@@ -362,13 +391,17 @@ def test_bad_shapes_name_the_offending_value(shape, scheme, match):
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(rounding="up"), ValueError, "'up'"),
-        (dict(seed=1), ValueError, "stochastic"),
-        (dict(rounding="stochastic"), ValueError, "exactly one"),
-        (dict(rounding="stochastic", seed=1, random_bits=np.zeros(4, np.uint32)), ValueError, "exactly one"),
-        (dict(rounding="stochastic", random_bits=np.zeros(3, np.uint32)), ValueError, r"\(3,\)"),
-        (dict(rounding="stochastic", random_bits=np.zeros(4, np.int64)), TypeError, "uint32"),
-        (dict(rounding="stochastic", seed=1.5), TypeError, "1.5"),
+        ({"rounding": "up"}, ValueError, "'up'"),
+        ({"seed": 1}, ValueError, "stochastic"),
+        ({"rounding": "stochastic"}, ValueError, "exactly one"),
+        (
+            {"rounding": "stochastic", "seed": 1, "random_bits": np.zeros(4, np.uint32)},
+            ValueError,
+            "exactly one",
+        ),
+        ({"rounding": "stochastic", "random_bits": np.zeros(3, np.uint32)}, ValueError, r"\(3,\)"),
+        ({"rounding": "stochastic", "random_bits": np.zeros(4, np.int64)}, TypeError, "uint32"),
+        ({"rounding": "stochastic", "seed": 1.5}, TypeError, "1.5"),
     ],
 )
 def test_bad_rounding_arguments(kwargs, error, match):

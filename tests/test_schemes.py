@@ -64,8 +64,18 @@ def test_scale_shapes():
             (lowp.AxisScaling(pow2=True), lowp.TensorScaling(pow2=True)),
             (None, None),
         ),
-        ("mxfp8", (lowp.MXScaling(mode="rceil"),) * 2, (lowp.MXScaling(mode="rceil"),) * 2, (lowp.MXScaling(mode="rceil"),) * 2),
-        ("mxfp8_gw_hp", (lowp.MXScaling(mode="rceil"),) * 2, (lowp.MXScaling(mode="rceil"),) * 2, (None, None)),
+        (
+            "mxfp8",
+            (lowp.MXScaling(mode="rceil"),) * 2,
+            (lowp.MXScaling(mode="rceil"),) * 2,
+            (lowp.MXScaling(mode="rceil"),) * 2,
+        ),
+        (
+            "mxfp8_gw_hp",
+            (lowp.MXScaling(mode="rceil"),) * 2,
+            (lowp.MXScaling(mode="rceil"),) * 2,
+            (None, None),
+        ),
     ],
 )
 def test_recipes_follow_the_spec_table(name, forward, dgrad, wgrad):
@@ -78,7 +88,13 @@ def test_recipes_follow_the_spec_table(name, forward, dgrad, wgrad):
 
 
 def test_recipe_names_and_errors():
-    assert lowp.Recipe.names() == ("float8_tensorwise", "float8_rowwise", "float8_rowwise_gw_hp", "mxfp8", "mxfp8_gw_hp")
+    assert lowp.Recipe.names() == (
+        "float8_tensorwise",
+        "float8_rowwise",
+        "float8_rowwise_gw_hp",
+        "mxfp8",
+        "mxfp8_gw_hp",
+    )
     with pytest.raises(ValueError, match="torchao's name for 'float8_rowwise_gw_hp'"):
         lowp.Recipe.from_name("rowwise_with_gw_hp")
     with pytest.raises(ValueError, match="'nvfp4'"):
@@ -88,7 +104,9 @@ def test_recipe_names_and_errors():
     with pytest.raises(ValueError, match="axis must be -1"):
         lowp.GemmSpec(lowp.AxisScaling(axis=0), lowp.AxisScaling())
     with pytest.raises(ValueError, match="forward GEMM must be quantized"):
-        lowp.Recipe("x", lowp.GemmSpec(None, None), lowp.GemmSpec(None, None), lowp.GemmSpec(None, None))
+        lowp.Recipe(
+            "x", lowp.GemmSpec(None, None), lowp.GemmSpec(None, None), lowp.GemmSpec(None, None)
+        )
 
 
 def test_recipes_are_frozen_and_replaceable():
@@ -107,7 +125,11 @@ def test_recipes_are_frozen_and_replaceable():
         ("float8_weight_only", lowp.AxisScaling(), None),
         ("float8_block", lowp.BlockScaling(block=(128, 128)), lowp.BlockScaling(block=(1, 128))),
         ("mxfp8", lowp.MXScaling(mode="rceil"), lowp.MXScaling(mode="rceil")),
-        ("mxfp4", lowp.MXScaling("float4_e2m1fn", mode="rceil"), lowp.MXScaling("float4_e2m1fn", mode="rceil")),
+        (
+            "mxfp4",
+            lowp.MXScaling("float4_e2m1fn", mode="rceil"),
+            lowp.MXScaling("float4_e2m1fn", mode="rceil"),
+        ),
         ("nvfp4", lowp.NVFP4Scaling(), lowp.NVFP4Scaling()),
     ],
 )
@@ -135,13 +157,22 @@ def test_from_spec_builds_every_kind():
     assert from_spec("tensor") == lowp.TensorScaling()
     assert from_spec("axis:axis=0:pow2=true") == lowp.AxisScaling(axis=0, pow2=True)
     assert from_spec("block:block=128x128") == lowp.BlockScaling(block=(128, 128))
-    assert from_spec("mx:fmt=float4_e2m1fn:mode=rceil:axis=-1") == lowp.MXScaling("float4_e2m1fn", mode="rceil")
-    assert from_spec("nvfp4:global_scale=false:block=32") == lowp.NVFP4Scaling(block=32, global_scale=False)
+    assert from_spec("mx:fmt=float4_e2m1fn:mode=rceil:axis=-1") == lowp.MXScaling(
+        "float4_e2m1fn", mode="rceil"
+    )
+    assert from_spec("nvfp4:global_scale=false:block=32") == lowp.NVFP4Scaling(
+        block=32, global_scale=False
+    )
 
 
 @pytest.mark.parametrize(
     "spec, match",
-    [("mxfp9", "unknown scheme kind 'mxfp9'"), ("mx:mod=floor", "bad field 'mod=floor'"), ("mx:mode", "bad field 'mode'"), ("mx:mode=flor", "'flor'")],
+    [
+        ("mxfp9", "unknown scheme kind 'mxfp9'"),
+        ("mx:mod=floor", "bad field 'mod=floor'"),
+        ("mx:mode", "bad field 'mode'"),
+        ("mx:mode=flor", "'flor'"),
+    ],
 )
 def test_from_spec_names_what_is_wrong(spec, match):
     from lowp._schemes import from_spec
@@ -198,7 +229,9 @@ def test_spec_and_fields_round_trip(scheme):
 
 def test_spec_spells_every_field():
     assert lowp.MXScaling(mode="rceil").spec == "mx:fmt=float8_e4m3fn:block=32:mode=rceil:axis=-1"
-    assert lowp.BlockScaling(block=(1, 128)).spec == "block:fmt=float8_e4m3fn:block=1x128:pow2=false"
+    assert (
+        lowp.BlockScaling(block=(1, 128)).spec == "block:fmt=float8_e4m3fn:block=1x128:pow2=false"
+    )
     assert lowp.NVFP4Scaling().spec == "nvfp4:block=16:global_scale=true:axis=-1"
 
 

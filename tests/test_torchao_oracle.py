@@ -39,11 +39,11 @@ torch = pytest.importorskip("torch")
 # The corners below pin torchao 0.18's behaviour; a later torchao may fix some of them.
 pytest.importorskip("torchao", minversion="0.18")
 
-from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic  # noqa: E402
-from torchao.float8.float8_training_tensor import LinearMMConfig  # noqa: E402
-from torchao.prototype.mx_formats.config import ScaleCalculationMode  # noqa: E402
-from torchao.prototype.mx_formats.constants import DTYPE_FP6_E2M3, DTYPE_FP6_E3M2  # noqa: E402
-from torchao.prototype.mx_formats.mx_tensor import to_mx  # noqa: E402
+from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+from torchao.float8.float8_training_tensor import LinearMMConfig
+from torchao.prototype.mx_formats.config import ScaleCalculationMode
+from torchao.prototype.mx_formats.constants import DTYPE_FP6_E2M3, DTYPE_FP6_E3M2
+from torchao.prototype.mx_formats.mx_tensor import to_mx
 
 FP8_FORMATS = ("float8_e4m3fn", "float8_e5m2")
 MX_FORMATS = ("float8_e4m3fn", "float8_e5m2", "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn")
@@ -288,7 +288,7 @@ def test_pow2_random_matches_torchao(fmt, hp):
     """Away from POW2_JUST_BELOW, clearing mantissa bits == exp2(floor(log2(m)))."""
     rng = np.random.default_rng([7, len(fmt), len(hp)])
     compared = 0
-    for rank, shape in TENSOR_SHAPES.items():
+    for shape in TENSOR_SHAPES.values():
         for magnitude in (1e-3, 0.37, 1.0, 55.0, 1e4, None):
             x = _cast(_random(rng, shape, magnitude), hp)
             amax = np.abs(x.astype(np.float32)).max()

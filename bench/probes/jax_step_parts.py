@@ -391,7 +391,9 @@ def as_run_results(rows, meta: dict) -> dict:
                 ],
             }
         )
-    note = "bench/probes/jax_step_parts.py: the steps of bf16, flax's fp8 and each recipe, interleaved"
+    note = (
+        "bench/probes/jax_step_parts.py: the steps of bf16, flax's fp8 and each recipe, interleaved"
+    )
     section = {"rows": out, "skipped": [], "errors": [], "notes": [note], "seconds": 0.0}
     return {"meta": meta, "sections": {"jax": section}}
 

@@ -166,7 +166,7 @@ def plot(results: dict, path: pathlib.Path) -> None:
             smooth = np.convolve(r["train_loss"], kernel, "valid")
             steps = np.arange(TAIL, len(r["train_loss"]) + 1)
             axes[0, col].plot(steps, smooth, color=color, label=run, lw=1)
-            held_steps, held = zip(*r["heldout"])
+            held_steps, held = zip(*r["heldout"], strict=False)
             axes[0, col].plot(held_steps, held, "o", color=color, ms=3)
             if base is not None:
                 axes[1, col].plot(steps, smooth / base, color=color, lw=1)

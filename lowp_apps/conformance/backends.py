@@ -51,9 +51,7 @@ class NumpyBackend:
     def describe(self) -> str:
         return f"numpy {np.__version__}"
 
-    def run(
-        self, config: cases.Configuration, x: np.ndarray, ref: lowp.QTensor
-    ) -> compare.Outputs:
+    def run(self, config: cases.Configuration, x: np.ndarray, ref: lowp.QTensor) -> compare.Outputs:
         view = np.flip(np.ascontiguousarray(np.flip(x, -1)), -1) if x.ndim else x
         q = lowp.quantize(view, config.scheme, **config.rounding_kwargs())
         with np.errstate(over="ignore"):  # see compare.reference_dequantized

@@ -43,8 +43,7 @@ from flax import nnx
 import lowp_jax
 import lowp_jax.nnx
 import lowp_torch
-from lowp_apps.models import jax_minilm
-from lowp_apps.models import torch_minilm
+from lowp_apps.models import jax_minilm, torch_minilm
 
 PRESETS = lowp.InferenceConfig.names()
 LINEARS = 36  # 6 layers x (query, key, value, attention output, intermediate, output)

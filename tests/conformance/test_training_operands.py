@@ -15,8 +15,8 @@ import lowp
 torch = pytest.importorskip("torch")
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
-import lowp_jax  # noqa: E402
-import lowp_torch  # noqa: E402
+import lowp_jax
+import lowp_torch
 
 # x: (2, 32, 64) -> M = 64, K = 64, N = 96: every dim a multiple of the MX block.
 SHAPES = {"x": (2, 32, 64), "w": (96, 64), "g": (2, 32, 96)}
@@ -57,7 +57,9 @@ def _reference(arrays, recipe):
 def _same_bytes(got: lowp.QTensor, want: lowp.QTensor, where: str):
     assert got.scheme == want.scheme, where
     assert got.shape == want.shape, where
-    np.testing.assert_array_equal(got.codes.view(np.uint8), want.codes.view(np.uint8), err_msg=f"{where}: codes")
+    np.testing.assert_array_equal(
+        got.codes.view(np.uint8), want.codes.view(np.uint8), err_msg=f"{where}: codes"
+    )
     np.testing.assert_array_equal(
         np.ascontiguousarray(got.scale).view(np.uint8),
         np.ascontiguousarray(want.scale).view(np.uint8),
@@ -72,8 +74,12 @@ def test_torch_and_jax_quantize_every_training_gemm_operand_to_the_same_bytes(na
     recipe = lowp.Recipe.from_name(name)
     arrays = _inputs(dtype)
     torch_ops = lowp_torch.training_operands(
-        *(torch.from_numpy(arrays[k].view(np.uint16)).view(torch.bfloat16) if dtype == "bfloat16"
-          else torch.from_numpy(arrays[k]) for k in ("x", "w", "g")),
+        *(
+            torch.from_numpy(arrays[k].view(np.uint16)).view(torch.bfloat16)
+            if dtype == "bfloat16"
+            else torch.from_numpy(arrays[k])
+            for k in ("x", "w", "g")
+        ),
         recipe,
     )
     jax_ops = lowp_jax.training_operands(*(jnp.asarray(arrays[k]) for k in ("x", "w", "g")), recipe)
@@ -83,7 +89,7 @@ def test_torch_and_jax_quantize_every_training_gemm_operand_to_the_same_bytes(na
         if pair is None:
             assert torch_ops[gemm] is None and jax_ops[gemm] is None, gemm
             continue
-        for side, ref, t, j in zip("ab", pair, torch_ops[gemm], jax_ops[gemm]):
+        for side, ref, t, j in zip("ab", pair, torch_ops[gemm], jax_ops[gemm], strict=False):
             where = f"{name} {dtype} {gemm}.{side}"
             _same_bytes(lowp_torch.to_lowp(t), ref, f"{where} (torch vs numpy)")
             _same_bytes(lowp_jax.to_lowp(j), ref, f"{where} (jax vs numpy)")

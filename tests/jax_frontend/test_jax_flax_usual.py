@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 flax = pytest.importorskip("flax")
-import flax.linen as nn  # noqa: E402
-from flax import nnx  # noqa: E402
+import flax.linen as nn
+from flax import nnx
 
-import lowp_jax  # noqa: E402
-import lowp_jax.linen  # noqa: E402
-import lowp_jax.nnx  # noqa: E402
+import lowp_jax
+import lowp_jax.linen
+import lowp_jax.nnx
 
 X = jax.random.normal(jax.random.key(1), (4, 64), jnp.float32)
 
@@ -59,15 +59,22 @@ def test_a_plain_linen_model_applies_quantized_params_in_the_block(preset):
     np.testing.assert_array_equal(y, twin.apply(qparams, X))
     # High-precision Dense layers in the block run as linen runs them.
     with lowp_jax.linen.quantized(preset):
-        np.testing.assert_array_equal(model.apply(params, X), nn.Sequential(model.layers).apply(params, X))
+        np.testing.assert_array_equal(
+            model.apply(params, X), nn.Sequential(model.layers).apply(params, X)
+        )
 
 
 def test_a_kernel_quantized_with_another_scheme_is_refused():
     layer = lowp_jax.nnx.Linear(64, 32, config="float8_rowwise", rngs=nnx.Rngs(0))
     nnx.update(layer, lowp_jax.quantize_params(nnx.state(layer), "mxfp8"))
-    with pytest.raises(ValueError, match="quantized with MXScaling.*quantizes weights with AxisScaling"):
+    with pytest.raises(
+        ValueError, match="quantized with MXScaling.*quantizes weights with AxisScaling"
+    ):
         layer(X)
     model = nn.Dense(32)
     qparams = lowp_jax.quantize_params(model.init(jax.random.key(0), X), "mxfp8")
-    with lowp_jax.linen.quantized("nvfp4"), pytest.raises(ValueError, match="quantized with MXScaling"):
+    with (
+        lowp_jax.linen.quantized("nvfp4"),
+        pytest.raises(ValueError, match="quantized with MXScaling"),
+    ):
         model.apply(qparams, X)

@@ -226,7 +226,9 @@ def test_cuda_kernels_match_exact_product(pair, kernel, fast_accum):
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: fp8 GEMM kernels")
-@pytest.mark.parametrize("bias_dtype", [torch.float32, torch.bfloat16], ids=["f32_bias", "bf16_bias"])
+@pytest.mark.parametrize(
+    "bias_dtype", [torch.float32, torch.bfloat16], ids=["f32_bias", "bf16_bias"]
+)
 @pytest.mark.parametrize("kernel", ["scaled_mm", "fbgemm"])
 def test_cuda_padding_runs_unaligned_layers(kernel, bias_dtype):
     """Padded K and N, with a bias: one rounding, whether the bias rides in the

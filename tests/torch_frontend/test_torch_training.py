@@ -118,7 +118,7 @@ def test_every_gemm_operand_is_lowp_quantize_of_its_orientation(recipe, case):
         if spec.high_precision:
             assert operands[gemm] is None
             continue
-        for q, hp, scheme in zip(operands[gemm], hp_pair, (spec.a, spec.b)):
+        for q, hp, scheme in zip(operands[gemm], hp_pair, (spec.a, spec.b), strict=False):
             got, want = lowp_torch.to_lowp(q), lowp.quantize(_numpy(hp), scheme)
             where = f"{recipe} {gemm}"
             assert got.scheme == want.scheme == scheme and got.shape == want.shape, where
@@ -262,7 +262,9 @@ def test_activation_checkpointing_gives_the_same_gradients(recipe):
     x, target = _batch(0)
     F.mse_loss(reference(x), target).backward()
     F.mse_loss(checkpoint(model, x, use_reentrant=False), target).backward()
-    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+    for (name, p), (_, q) in zip(
+        model.named_parameters(), reference.named_parameters(), strict=False
+    ):
         assert torch.equal(p.grad, q.grad), name
 
 
@@ -327,8 +329,10 @@ def test_quantize_takes_inference_configs_and_refuses_a_recipe_naming_convert_to
     weights = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(TypeError, match=r"convert_to_training\(model, 'float8_rowwise'\)"):
         lowp_torch.quantize_(model, lowp.Recipe.from_name("float8_rowwise"))
-    assert type(model[0]) is nn.Linear and not isinstance(model[0].weight, lowp_torch.QuantizedTensor)
-    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
+    assert type(model[0]) is nn.Linear and not isinstance(
+        model[0].weight, lowp_torch.QuantizedTensor
+    )
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=False))
     with pytest.raises(TypeError, match="small_shapes"):
         lowp_torch.quantize_(_tiny_model(), "float8_rowwise", small_shapes="quantize")
 
@@ -577,7 +581,7 @@ def _operand_differences(got: dict, want: dict) -> list[str]:
             if (pair is None) != (got[gemm] is None):
                 out.append(f"{gemm}: high precision on one path only")
             continue
-        for role, q, r in zip("ab", got[gemm], pair):
+        for role, q, r in zip("ab", got[gemm], pair, strict=False):
             q, r = lowp_torch.to_lowp(q), lowp_torch.to_lowp(r)
             if not (
                 q.scheme == r.scheme
