@@ -341,8 +341,37 @@ class BlockScaling(Scaling):
         return self if dim % rank < rank - 2 else None  # a tiled dim cannot lose an index
 
 
+class _BlocksAlongAxis(Scaling):
+    """The geometry of a scheme whose groups are `block` consecutive elements along
+    `axis` (MX, NVFP4, GroupScaling): `block` must divide the axis, and packed fp4
+    codes need it last."""
+
+    fmt: str
+    block: int
+    axis: int
+
+    def check_shape(self, shape: tuple[int, ...]) -> None:
+        _check_grouped_axis(shape, self.axis, self.block, self.fmt, self)
+
+    def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        ax = normalize_axis(self.axis, len(shape), self)
+        return shape[:ax] + (shape[ax] // self.block,) + shape[ax + 1 :]
+
+    def tiles(self, rank: int) -> tuple[int | None, ...]:
+        return _tiles_along(self.axis, self.block, rank, self)
+
+    def permuted(self, dims):
+        return _axis_permuted(self, dims)
+
+    def reshaped(self, old: tuple, new: tuple):
+        return _axis_reshaped(self, old, new)
+
+    def selected(self, dim: int, rank: int):
+        return _axis_selected(self, dim, rank)
+
+
 @dataclasses.dataclass(frozen=True)
-class MXScaling(Scaling):
+class MXScaling(_BlocksAlongAxis):
     """OCP microscaling (spec §3.2): one e8m0 scale byte per `block` consecutive
     elements along `axis`. Scale shape = input shape with `axis` divided by `block`.
 
@@ -370,28 +399,9 @@ class MXScaling(Scaling):
             raise ValueError(f"MXScaling.mode must be one of {MX_MODES}, got {self.mode!r}")
         _check_axis_field("MXScaling", self.axis)
 
-    def check_shape(self, shape: tuple[int, ...]) -> None:
-        _check_grouped_axis(shape, self.axis, self.block, self.fmt, self)
-
-    def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        ax = normalize_axis(self.axis, len(shape), self)
-        return shape[:ax] + (shape[ax] // self.block,) + shape[ax + 1 :]
-
-    def tiles(self, rank: int) -> tuple[int | None, ...]:
-        return _tiles_along(self.axis, self.block, rank, self)
-
-    def permuted(self, dims):
-        return _axis_permuted(self, dims)
-
-    def reshaped(self, old: tuple, new: tuple):
-        return _axis_reshaped(self, old, new)
-
-    def selected(self, dim: int, rank: int):
-        return _axis_selected(self, dim, rank)
-
 
 @dataclasses.dataclass(frozen=True)
-class NVFP4Scaling(Scaling):
+class NVFP4Scaling(_BlocksAlongAxis):
     """NVFP4 (spec §3.3): e2m1 elements, one e4m3 scale per `block` elements along
     `axis`, and with `global_scale` one float32 decode scale for the whole tensor.
 
@@ -415,28 +425,9 @@ class NVFP4Scaling(Scaling):
         _check_bool("NVFP4Scaling", "global_scale", self.global_scale)
         _check_axis_field("NVFP4Scaling", self.axis)
 
-    def check_shape(self, shape: tuple[int, ...]) -> None:
-        _check_grouped_axis(shape, self.axis, self.block, self.fmt, self)
-
-    def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        ax = normalize_axis(self.axis, len(shape), self)
-        return shape[:ax] + (shape[ax] // self.block,) + shape[ax + 1 :]
-
-    def tiles(self, rank: int) -> tuple[int | None, ...]:
-        return _tiles_along(self.axis, self.block, rank, self)
-
-    def permuted(self, dims):
-        return _axis_permuted(self, dims)
-
-    def reshaped(self, old: tuple, new: tuple):
-        return _axis_reshaped(self, old, new)
-
-    def selected(self, dim: int, rank: int):
-        return _axis_selected(self, dim, rank)
-
 
 @dataclasses.dataclass(frozen=True)
-class GroupScaling(Scaling):
+class GroupScaling(_BlocksAlongAxis):
     """One float32 scale per `block` consecutive elements along `axis` (spec §3.1):
     float scales on MX's groups (torchao's per-group, Qwix's sub-channel scaling). Scale
     shape = input shape with `axis` divided by `block`; `block` must divide the axis.
@@ -462,25 +453,6 @@ class GroupScaling(Scaling):
         _check_positive_int("GroupScaling", "block", self.block)
         _check_axis_field("GroupScaling", self.axis)
         _check_bool("GroupScaling", "pow2", self.pow2)
-
-    def check_shape(self, shape: tuple[int, ...]) -> None:
-        _check_grouped_axis(shape, self.axis, self.block, self.fmt, self)
-
-    def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        ax = normalize_axis(self.axis, len(shape), self)
-        return shape[:ax] + (shape[ax] // self.block,) + shape[ax + 1 :]
-
-    def tiles(self, rank: int) -> tuple[int | None, ...]:
-        return _tiles_along(self.axis, self.block, rank, self)
-
-    def permuted(self, dims) -> "GroupScaling | None":
-        return _axis_permuted(self, dims)
-
-    def reshaped(self, old: tuple, new: tuple) -> "GroupScaling | None":
-        return _axis_reshaped(self, old, new)
-
-    def selected(self, dim: int, rank: int) -> "GroupScaling | None":
-        return _axis_selected(self, dim, rank)
 
 
 Scheme = TensorScaling | AxisScaling | BlockScaling | MXScaling | NVFP4Scaling | GroupScaling
