@@ -3,14 +3,10 @@
 A training layer's three fp8 GEMMs save time in proportion to their work, M·K·N
 multiply-adds, while quantizing x, w and dy costs memory passes and kernel launches that
 do not shrink with M. Below some size the casts cost more than the GEMMs save, and the
-layer is faster in high precision. Measured on the H200 (bench/run.py's sweep, eager
-forward + backward against bf16, K = N = 4096 and 8192, M = 16 ... 16384, torch 2.11):
-every float8 recipe lost up to M·K·N = 2**36 (0.05x-0.35x of bf16); at 2**38 float8
-tensorwise broke even (1.04x at 4096 x 8192 x 8192, 1.00x at 16384 x 4096 x 4096) and
-rowwise still lost (0.68x, 0.79x); at 2**40 (16384 x 8192 x 8192) every float8 recipe
-won (1.09x-1.34x in that sweep; 1.33x-1.66x in the later linear run, after the
-transposed-codes copy got its own kernel). `MIN_MACS` sits one power of two above
-tensorwise's break-even.
+layer is faster in high precision. On the H200 every float8 recipe lost to bf16 up to
+M·K·N = 2**36, float8_tensorwise broke even at 2**38 and every recipe won at 2**40;
+`MIN_MACS` sits one power of two above tensorwise's break-even (the sweep behind these
+numbers: docs/performance.md, "Small shapes").
 
 So the frontends' training layers ("auto", their default) run a call in high precision
 when the fp8 GEMM kernels would run it and either of these holds:

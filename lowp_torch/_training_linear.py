@@ -167,10 +167,8 @@ class Linear(nn.Linear):
         type ("cuda") where the call falls back to high precision, the one autocast is
         asked about then (`x.device.type` took 0.2 us a call on this 2-core CPU), and ""
         where it runs the recipe. Where the policy falls back, the step is launch-bound
-        and its host time is the step's time: on the H200's host, running the policy's
-        Python before bf16's own F.linear made a training step (~160-240 us there) 4-14 us
-        longer (bench/probes/host_overhead.py, "bf16, +policy"; 2026-11-30), though it takes ~2 us
-        on its own."""
+        and its host time is the step's time, so the policy's Python must not run again
+        each call (measured: docs/performance.md, "Small shapes")."""
         self._check_input(x)
         if len(self._decided) >= _DECISIONS_KEPT:  # a model fed ever new shapes
             self._decided.clear()
