@@ -52,17 +52,9 @@ _OPERANDS = {
 def along_first_axis(scheme: _schemes.Scheme) -> _schemes.Scheme | None:
     """The scheme that groups a 2-D t, along its first axis, as `scheme` groups t.T along
     its last: quantizing t with it and viewing the result transposed gives the bytes of
-    quantizing a transposed copy with `scheme`. None for packed fp4, whose codes pair up
-    along the last axis: quantize the copy."""
-    if scheme.fmt == "float4_e2m1fn":
-        return None
-    if isinstance(scheme, _schemes.TensorScaling):
-        return scheme
-    if isinstance(scheme, (_schemes.AxisScaling, _schemes.MXScaling)):
-        return dataclasses.replace(scheme, axis=-2)
-    if isinstance(scheme, _schemes.BlockScaling):
-        return dataclasses.replace(scheme, block=scheme.block[::-1])
-    raise TypeError(f"not a lowp scheme for a GEMM operand: {scheme!r}")
+    quantizing a transposed copy with `scheme` (`Scaling.permuted`). None for packed fp4,
+    whose codes pair up along the last axis: quantize the copy."""
+    return scheme.permuted((1, 0))
 
 
 @dataclasses.dataclass(frozen=True)

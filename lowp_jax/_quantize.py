@@ -19,7 +19,6 @@ product that XLA on CPU flushes and IEEE rounds up to 2**-126 gives the same sig
 code in every element format.
 """
 
-import dataclasses
 import functools
 
 import jax
@@ -348,7 +347,7 @@ def quantize_transposed(x, scheme: lowp.Scheme, *, name: str = "input") -> _qarr
 def _axis_swapped(scheme: lowp.AxisScaling) -> lowp.AxisScaling:
     """The AxisScaling that groups a rank-2 x as `scheme` groups x.T (x.T's axis 1 is
     x's axis 0): one scale per column of x for `scheme`'s one per row of x.T."""
-    return dataclasses.replace(scheme, axis=1 - extend.normalize_axis(scheme.axis, 2, scheme))
+    return scheme.permuted((1, 0))
 
 
 @functools.partial(jax.jit, static_argnames=("scheme",))

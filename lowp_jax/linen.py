@@ -145,7 +145,13 @@ def quantized(config, impl: str = "auto"):
             )
         bias = module.get_variable("params", "bias") if module.use_bias else None
         inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=module.dtype)
-        y = dot(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=module.precision)
+        try:
+            y = dot(
+                inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=module.precision
+            )
+        except ValueError as err:  # a kernel quantized with another scheme: name the layer
+            where = "/".join(module.path) or type(module).__name__
+            raise ValueError(f"{where}: {err}") from None
         if bias is not None:
             y += jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
         return y

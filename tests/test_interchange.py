@@ -229,11 +229,26 @@ def test_axis_is_stored_normalised(tmp_path):
     assert lowp.load(tmp_path / "a.safetensors")["a"].scheme == lowp.AxisScaling(axis=-2)
 
 
-def test_scheme_fields_table_matches_the_dataclasses():
+# The file format's scheme objects (spec §9), written out: a change to a scheme's fields
+# changes what files hold, and must show here.
+FILE_SCHEMAS = {
+    "TensorScaling": {"fmt": str, "pow2": bool},
+    "AxisScaling": {"fmt": str, "axis": int, "pow2": bool},
+    "BlockScaling": {"fmt": str, "block": list, "pow2": bool},
+    "MXScaling": {"fmt": str, "block": int, "mode": str, "axis": int},
+    "NVFP4Scaling": {"block": int, "global_scale": bool, "axis": int},
+    "GroupScaling": {"fmt": str, "block": int, "axis": int, "pow2": bool},
+}
+
+
+def test_the_file_format_of_every_scheme_is_the_written_one():
+    assert {
+        kind: fields for kind, (_, fields) in _interchange.SCHEME_FIELDS.items()
+    } == FILE_SCHEMAS
     for kind, (scheme_type, fields) in _interchange.SCHEME_FIELDS.items():
         assert scheme_type.__name__ == kind
-        assert list(fields) == [f.name for f in dataclasses.fields(scheme_type)], kind
-    assert {t for t, _ in _interchange.SCHEME_FIELDS.values()} == set(lowp._schemes.SCHEME_TYPES)
+        saved = scheme_type().to_fields(rank=2)
+        assert list(saved) == ["kind", *fields] and saved["kind"] == kind
     with_axis = {t for t, fields in _interchange.SCHEME_FIELDS.values() if "axis" in fields}
     assert set(_interchange._AXIS_SCHEMES) == with_axis
 

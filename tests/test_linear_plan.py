@@ -43,7 +43,7 @@ def test_every_recipe_plans_spec_8s_orientation_and_its_own_schemes(name):
             continue
         assert gemm_plan.name == gemm and gemm_plan.fast_accum == spec.fast_accum
         for op, scheme, (op_name, dims) in zip(
-            (gemm_plan.a, gemm_plan.b), (spec.a, spec.b), operands, strict=False
+            (gemm_plan.a, gemm_plan.b), (spec.a, spec.b), operands, strict=True
         ):
             assert (op.name, op.dims, op.scheme) == (op_name, dims, scheme), (gemm, op)
             assert op.transposed == op_name.endswith(".T")
@@ -111,6 +111,7 @@ def test_a_gradient_not_quantized_by_a_high_precision_dgrad_is_not_reused():
         (lowp.BlockScaling(E4M3, block=(1, 128)), lowp.BlockScaling(E4M3, block=(128, 1))),
         (lowp.MXScaling("float4_e2m1fn"), None),  # packed fp4: quantize a transposed copy
         (lowp.NVFP4Scaling(), None),
+        (lowp.GroupScaling(E4M3, block=16), lowp.GroupScaling(E4M3, block=16, axis=-2)),
     ],
 )
 def test_a_transposed_operand_is_quantized_along_its_tensors_first_axis(scheme, along_first):

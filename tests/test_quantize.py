@@ -307,7 +307,7 @@ def test_stochastic_codes_match_exact_rationals(fmt):
     scaled = [float(np.float32(v * np.float32(2.0 ** (127 - s)))) for v in x]
     want = [
         oracle.cast_code(oracle.stochastic_value(v, fmt, int(ri)), fmt)
-        for v, ri in zip(scaled, r, strict=False)
+        for v, ri in zip(scaled, r, strict=True)
     ]
     assert unpacked_codes(q).tolist() == want
 

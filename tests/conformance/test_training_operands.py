@@ -89,7 +89,7 @@ def test_torch_and_jax_quantize_every_training_gemm_operand_to_the_same_bytes(na
         if pair is None:
             assert torch_ops[gemm] is None and jax_ops[gemm] is None, gemm
             continue
-        for side, ref, t, j in zip("ab", pair, torch_ops[gemm], jax_ops[gemm], strict=False):
+        for side, ref, t, j in zip("ab", pair, torch_ops[gemm], jax_ops[gemm], strict=True):
             where = f"{name} {dtype} {gemm}.{side}"
             _same_bytes(lowp_torch.to_lowp(t), ref, f"{where} (torch vs numpy)")
             _same_bytes(lowp_jax.to_lowp(j), ref, f"{where} (jax vs numpy)")
@@ -138,3 +138,28 @@ def test_mixed_precision_layers_agree_across_frameworks(name):
     dw_torch, dw_jax = layer.weight.grad.numpy(), np.asarray(dkj).T
     assert dw_torch.dtype == dw_jax.dtype == np.float32
     np.testing.assert_allclose(dw_jax, dw_torch, rtol=0, atol=1e-5 * np.abs(dw_torch).max())
+
+
+def test_a_recipe_of_a_scheme_no_frontend_names_trains_alike_in_both():
+    """GroupScaling (float scales on groups of 16 along the reduction axis) in every GEMM:
+    neither frontend has code for it, yet both quantize every operand to the reference's
+    bytes and the torch layer's backward runs."""
+    group = lowp.GroupScaling("float8_e4m3fn", block=16)
+    spec = lowp.GemmSpec(group, group)
+    recipe = lowp.Recipe("group16", forward=spec, dgrad=spec, wgrad=spec)
+    rng = np.random.default_rng(3)
+    x, w, g = (rng.standard_normal(s).astype(np.float32) for s in ((32, 64), (48, 64), (32, 48)))
+    ops_torch = lowp_torch.training_operands(
+        torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(g), recipe
+    )
+    ops_jax = lowp_jax.training_operands(jnp.asarray(x), jnp.asarray(w), jnp.asarray(g), recipe)
+    orientations = {"forward": (x, w), "dgrad": (g, w.T), "wgrad": (g.T, x.T)}
+    for gemm, hps in orientations.items():
+        for q_torch, q_jax, hp in zip(ops_torch[gemm], ops_jax[gemm], hps, strict=True):
+            want = lowp.quantize(np.ascontiguousarray(hp), group)
+            for got in (lowp_torch.to_lowp(q_torch), lowp_jax.to_lowp(q_jax)):
+                np.testing.assert_array_equal(got.codes, want.codes)
+                np.testing.assert_array_equal(got.scale, want.scale)
+    layer = lowp_torch.convert_to_training(torch.nn.Linear(64, 48), recipe)
+    layer(torch.from_numpy(x)).square().sum().backward()
+    assert layer.weight.grad is not None and torch.isfinite(layer.weight.grad).all()

@@ -132,7 +132,7 @@ def _check_quantized_tree(hp_leaves, q_leaves, preset):
     """Kernels: QArrays (out, in) with lowp's bytes for the transposed kernel; the rest as is."""
     weight = lowp.InferenceConfig.from_name(preset).weight
     kernels = 0
-    for (path, hp), (qpath, q) in zip(hp_leaves, q_leaves, strict=False):
+    for (path, hp), (qpath, q) in zip(hp_leaves, q_leaves, strict=True):
         assert path == qpath
         if lowp_jax._params.is_kernel(path, hp):
             kernels += 1
@@ -216,7 +216,7 @@ def test_save_load_round_trip_is_bit_exact(preset, tmp_path):
     for like in (qstate, nnx.state(model)):  # a quantized tree, or the high-precision one
         loaded = lowp_jax.load_quantized(path, like)
         for (_p, a), (_, b) in zip(
-            *(lowp_jax._params._flatten(s)[0] for s in (qstate, loaded)), strict=False
+            *(lowp_jax._params._flatten(s)[0] for s in (qstate, loaded)), strict=True
         ):
             if isinstance(a, lowp_jax.QArray):
                 for field in ("codes", "scale", "global_scale"):

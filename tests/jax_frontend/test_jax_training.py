@@ -145,9 +145,7 @@ def test_operands_are_lowps_bytes(recipe, hp_dtype):
         if gemm_spec.high_precision:
             assert pair is None, gemm
             continue
-        for q, hp, scheme in zip(
-            pair, orientations[gemm], (gemm_spec.a, gemm_spec.b), strict=False
-        ):
+        for q, hp, scheme in zip(pair, orientations[gemm], (gemm_spec.a, gemm_spec.b), strict=True):
             want = lowp.quantize(np.ascontiguousarray(hp), scheme)
             got = lowp_jax.to_lowp(q)
             assert (got.scheme, got.shape, got.hp_dtype) == (scheme, want.shape, hp_dtype), gemm
@@ -700,7 +698,7 @@ def test_small_calls_run_the_float_dot_and_large_ones_the_recipe(recipe, fp8_ker
             value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, kernel)
         float_value, float_grads = jax.value_and_grad(float_loss, argnums=(0, 1))(x, kernel)
         same = bool(value == float_value) and all(
-            bool(jnp.all(g == f)) for g, f in zip(grads, float_grads, strict=False)
+            bool(jnp.all(g == f)) for g, f in zip(grads, float_grads, strict=True)
         )
         assert same != expect_quantized, tokens
     said = [r.getMessage() for r in caplog.records if "runs in high precision" in r.getMessage()]

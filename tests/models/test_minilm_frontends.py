@@ -142,7 +142,7 @@ def test_hidden_states_match_reference_per_layer(backend, tokenizer):
     got = backend.hidden_states(ids, mask)
     assert len(got) == len(want) == 7
     real = mask.astype(bool)  # padded positions are never pooled
-    for layer, (g, w) in enumerate(zip(got, want, strict=False)):
+    for layer, (g, w) in enumerate(zip(got, want, strict=True)):
         err = np.abs(g[real] - w[real]).max() / np.abs(w[real]).max()
         assert err < 1e-5, f"hidden state {layer}: relative error {err:.2e}"
 

@@ -118,7 +118,7 @@ def test_every_gemm_operand_is_lowp_quantize_of_its_orientation(recipe, case):
         if spec.high_precision:
             assert operands[gemm] is None
             continue
-        for q, hp, scheme in zip(operands[gemm], hp_pair, (spec.a, spec.b), strict=False):
+        for q, hp, scheme in zip(operands[gemm], hp_pair, (spec.a, spec.b), strict=True):
             got, want = lowp_torch.to_lowp(q), lowp.quantize(_numpy(hp), scheme)
             where = f"{recipe} {gemm}"
             assert got.scheme == want.scheme == scheme and got.shape == want.shape, where
@@ -263,7 +263,7 @@ def test_activation_checkpointing_gives_the_same_gradients(recipe):
     F.mse_loss(reference(x), target).backward()
     F.mse_loss(checkpoint(model, x, use_reentrant=False), target).backward()
     for (name, p), (_, q) in zip(
-        model.named_parameters(), reference.named_parameters(), strict=False
+        model.named_parameters(), reference.named_parameters(), strict=True
     ):
         assert torch.equal(p.grad, q.grad), name
 
@@ -332,7 +332,7 @@ def test_quantize_takes_inference_configs_and_refuses_a_recipe_naming_convert_to
     assert type(model[0]) is nn.Linear and not isinstance(
         model[0].weight, lowp_torch.QuantizedTensor
     )
-    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=False))
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
     with pytest.raises(TypeError, match="small_shapes"):
         lowp_torch.quantize_(_tiny_model(), "float8_rowwise", small_shapes="quantize")
 
@@ -581,7 +581,7 @@ def _operand_differences(got: dict, want: dict) -> list[str]:
             if (pair is None) != (got[gemm] is None):
                 out.append(f"{gemm}: high precision on one path only")
             continue
-        for role, q, r in zip("ab", got[gemm], pair, strict=False):
+        for role, q, r in zip("ab", got[gemm], pair, strict=True):
             q, r = lowp_torch.to_lowp(q), lowp_torch.to_lowp(r)
             if not (
                 q.scheme == r.scheme
