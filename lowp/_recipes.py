@@ -96,7 +96,7 @@ class Recipe:
         """Whether a quantized GEMM takes block-scaled operands (MX, NVFP4), whose GEMM
         kernels need a newer GPU than float8's (NVIDIA compute capability 10.0)."""
         return any(
-            isinstance(scheme, (_schemes.MXScaling, _schemes.NVFP4Scaling))
+            scheme is not None and scheme.family in ("mx", "nvfp4")
             for spec in (self.forward, self.dgrad, self.wgrad)
             for scheme in (spec.a, spec.b)
         )

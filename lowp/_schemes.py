@@ -128,7 +128,8 @@ def _check_fp4_packing(shape: tuple[int, ...], fmt: str, scheme) -> None:
 
 
 def _check_grouped_axis(shape, axis, block, fmt, scheme) -> int:
-    """Shared by MX and NVFP4: rank >= 1, block divides the axis, fp4 blocks along the last axis."""
+    """The schemes that block one axis: rank >= 1, block divides the axis, fp4 blocks
+    along the last axis."""
     _check_rank(shape, 1, scheme)
     ax = normalize_axis(axis, len(shape), scheme)
     if shape[ax] % block:

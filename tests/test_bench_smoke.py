@@ -16,7 +16,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
 
 from bench import _timing, linear_step, run
 
-# The form bench/results/h200.json is committed in (issue 7).
+# The form bench/results/h200.json is committed in (the targets summary).
 SUMMARY_KEYS = {
     "cast_fraction_of_copy",
     "linear_fwd_bwd_speedup_vs_bf16",
@@ -36,7 +36,7 @@ def small_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_summary_has_the_issue_form(small_run):
+def test_summary_has_the_targets_form(small_run):
     out, result = small_run
     summary = json.loads((out / "summary.json").read_text())
     assert summary == json.loads(json.dumps(result["summary"]))

@@ -92,15 +92,10 @@ def schemes_for_rank(rank: int) -> list:
     return out
 
 
-def scheme_kind(scheme) -> str:
-    """The scheme's `kind` ("tensor", "axis", "block", "mx", ...): its conformance matrix row."""
-    return scheme.kind
-
-
 def scheme_id(scheme) -> str:
     """A short readable id, e.g. MXScaling(fmt='float8_e4m3fn', block=8, mode='ceil') ->
     mx-e4m3fn-block=8-mode=ceil."""
-    parts = [scheme_kind(scheme), scheme.fmt.split("_", 1)[1]]
+    parts = [scheme.kind, scheme.fmt.split("_", 1)[1]]
     for field in dataclasses.fields(scheme):
         value = getattr(scheme, field.name)
         if field.name != "fmt" and value != field.default:
@@ -130,7 +125,7 @@ class Configuration:
 
     @property
     def kind(self) -> str:
-        return scheme_kind(self.scheme)
+        return self.scheme.kind
 
     @property
     def id(self) -> str:
