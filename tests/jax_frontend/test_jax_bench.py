@@ -13,8 +13,12 @@ from lowp_jax import _devices  # after the skip: jax may be missing
 
 
 def _bench(name: str):
-    """bench/NAME.py as a module (bench/ is no package on the test path)."""
-    path = pathlib.Path(__file__).parents[2] / "bench" / "probes" / f"{name}.py"
+    """bench/probes/NAME.py, or the harness's bench/NAME.py, as a module (bench/ is no
+    package on the test path)."""
+    bench = pathlib.Path(__file__).parents[2] / "bench"
+    path = bench / "probes" / f"{name}.py"
+    if not path.exists():
+        path = bench / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -173,7 +177,7 @@ def test_gemm_accuracy_measures_every_path_on_every_kind_of_data(tmp_path):
 
 
 @pytest.mark.slow
-def test_step_parts_steps_merge_into_the_issue_summary(tmp_path):
+def test_step_parts_steps_merge_into_the_targets_summary(tmp_path):
     """--run-out writes the default steps (no parts, no variants) as a run.py "jax"
     section, which `run.py --from-results` turns into the summary's JAX ratios."""
     bench = _bench("jax_step_parts")
