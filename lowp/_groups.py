@@ -8,40 +8,56 @@ over the elements.
 """
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 from lowp import _schemes
 
 
-def group_max(a: np.ndarray, scheme: _schemes.Scheme) -> np.ndarray:
-    """Max of `a` (uint32 |x| patterns) over each group, 0 for empty groups."""
-    shape = a.shape
-    split: list[int] = []
+class Reduction(NamedTuple):
+    """How to reduce an element-shaped array to one value a group (`reduction`)."""
+
+    pad: tuple  # elements appended at the end of each axis, so that its tile divides it
+    split: tuple  # the padded shape, each tiled axis split into (groups, tile)
+    reduce: tuple  # the axes of `split` to reduce over
+
+
+class Broadcast(NamedTuple):
+    """How to broadcast a scale-shaped array back over the elements (`broadcast`)."""
+
+    grid: tuple  # the scales reshaped: a group count an axis, 1 after each tiled axis
+    full: tuple  # broadcast to: each tiled axis as (groups, tile)
+    padded: tuple  # merged back: each axis padded to whole tiles (then sliced to shape)
+
+
+def reduction(shape: tuple, scheme: _schemes.Scheme) -> Reduction:
+    """The shape arithmetic of `group_max`, for every backend. Plain Python on the
+    sizes, so a frontend's symbolic sizes (torch.compile's SymInts) stay symbolic."""
+    pad: list = []
+    split: list = []
     reduce: list[int] = []
-    pad: list[tuple[int, int]] = []
-    for n, tile in zip(shape, scheme.tiles(a.ndim), strict=True):
+    for n, tile in zip(shape, scheme.tiles(len(shape)), strict=True):
         if tile is None:  # the whole axis
             reduce.append(len(split))
             split.append(n)
-            pad.append((0, 0))
+            pad.append(0)
         elif tile == 1:
             split.append(n)
-            pad.append((0, 0))
+            pad.append(0)
         else:  # groups of `tile`; zero padding is neutral for a max of non-negative keys
             groups = math.ceil(n / tile)
             reduce.append(len(split) + 1)
             split += [groups, tile]
-            pad.append((0, groups * tile - n))
-    if any(after for _, after in pad):
-        a = np.pad(a, pad)
-    reduced = np.max(a.reshape(split), axis=tuple(reduce), initial=0)
-    return reduced.reshape(scheme.scale_shape(shape))
+            pad.append(groups * tile - n)
+    return Reduction(tuple(pad), tuple(split), tuple(reduce))
 
 
-def expand(g: np.ndarray, scheme: _schemes.Scheme, shape: tuple[int, ...]) -> np.ndarray:
-    """Each element's group value: `g` (plain scale shape) broadcast to `shape`."""
-    grid, full, padded = [], [], []
+def broadcast(shape: tuple, scheme: _schemes.Scheme) -> Broadcast:
+    """The shape arithmetic of `expand`, for every backend (symbolic sizes stay so)."""
+    grid: list = []
+    full: list = []
+    padded: list = []
     for n, tile in zip(shape, scheme.tiles(len(shape)), strict=True):
         if tile is None:
             grid.append(1)
@@ -56,6 +72,22 @@ def expand(g: np.ndarray, scheme: _schemes.Scheme, shape: tuple[int, ...]) -> np
             grid += [groups, 1]
             full += [groups, tile]
             padded.append(groups * tile)
+    return Broadcast(tuple(grid), tuple(full), tuple(padded))
+
+
+def group_max(a: np.ndarray, scheme: _schemes.Scheme) -> np.ndarray:
+    """Max of `a` (uint32 |x| patterns) over each group, 0 for empty groups."""
+    shape = a.shape
+    pad, split, reduce = reduction(shape, scheme)
+    if any(pad):
+        a = np.pad(a, [(0, after) for after in pad])
+    reduced = np.max(a.reshape(split), axis=reduce, initial=0)
+    return reduced.reshape(scheme.scale_shape(shape))
+
+
+def expand(g: np.ndarray, scheme: _schemes.Scheme, shape: tuple[int, ...]) -> np.ndarray:
+    """Each element's group value: `g` (plain scale shape) broadcast to `shape`."""
+    grid, full, padded = broadcast(shape, scheme)
     out = np.broadcast_to(np.reshape(g, grid), full)
     if len(full) == len(shape):  # no tiled axis: a plain broadcast
         return out

@@ -28,6 +28,11 @@ Schemes
   from_spec(text)                a scheme from its command-line text (`mx:fmt=...:mode=rceil`).
   expand_groups(g, scheme, shape)
                                  a scale-shaped NumPy array broadcast over the elements.
+  group_reduction(shape, scheme), group_broadcast(shape, scheme)
+                                 the shape arithmetic of reducing to one value a group
+                                 (pad, split, axes) and of broadcasting back (grid, full,
+                                 padded): a frontend's group functions are these plus its
+                                 own pad, reshape, max and broadcast.
 
 Stored arrays (spec §5)
   HP_DTYPES                      the high-precision dtypes a quantized tensor comes from.
@@ -57,7 +62,9 @@ The small-shape policy of the training layers (spec §8)
 """
 
 from lowp._formats import FLOAT4_E2M1FN, FLOAT8_E4M3FN, element_format
+from lowp._groups import broadcast as group_broadcast
 from lowp._groups import expand as expand_groups
+from lowp._groups import reduction as group_reduction
 from lowp._layouts import cublas_blocked_shape
 from lowp._linear_plan import DIM_NAMES, GemmPlan, LinearPlan, OperandPlan
 from lowp._qtensor import (
@@ -104,6 +111,8 @@ __all__ = [
     "element_format",
     "expand_groups",
     "from_spec",
+    "group_broadcast",
+    "group_reduction",
     "layer_may_pay",
     "normalize_axis",
     "poisoned_groups",
