@@ -24,6 +24,12 @@ goes on; with --time-budget, items that no longer fit are skipped and recorded):
   memory  peak CUDA memory of an eager transformer-block training step per recipe.
   block   that block's training step timed, bf16 vs each float8 recipe, eager and
           compiled (bench/torch_block.py), with its peak memory.
+  model_train  a Llama-3-8B-shaped model slice (attention projections + SwiGLU FFN, two
+          layers) trained at T = 2048 ... 16384 tokens: bf16, lowp's convert_to_training
+          with its defaults, torchao's float8 training, eager and compiled, every variant
+          of a T timed interleaved (bench/model.py).
+  model_infer  that slice's forward under inference_mode at T = 1 ... 8192: bf16, lowp's
+          quantize_ presets with their defaults, torchao's float8 inference configs.
 
 MX recipes have no MX GEMM before sm_100: on Hopper (and CPU) their GEMMs are
 emulated, and their rows say "numerics only". Results: bench/results/run_<device>_<time>.json
@@ -64,11 +70,30 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import lowp
-from bench import _record, _timing, gemm_limit, linear_step, summary, torch_block, torch_linear
+from bench import (
+    _record,
+    _timing,
+    gemm_limit,
+    linear_step,
+    model,
+    summary,
+    torch_block,
+    torch_linear,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-SECTIONS = ("casts", "linear", "jax", "sweep", "memory", "block", "gemm")
+SECTIONS = (
+    "casts",
+    "linear",
+    "jax",
+    "sweep",
+    "memory",
+    "block",
+    "gemm",
+    "model_train",
+    "model_infer",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +105,9 @@ class Sizes:
     sweep_kn: tuple  # K = N
     block: torch_block.BlockShape
     gemm: dict  # torch_linear's named shapes
+    model: model.Shape
+    train_tokens: tuple
+    infer_tokens: tuple
     cast_shape: str
     cast_iters: int
     timing: _timing.Timing
@@ -93,6 +121,9 @@ FULL = Sizes(
     # Llama-3-8B's layer: 8192 tokens
     block=torch_block.BlockShape(dim=4096, heads=32, ffn=14336, batch=2, seq=4096),
     gemm=torch_linear.SHAPES,
+    model=model.LLAMA3_8B,
+    train_tokens=model.TRAIN_TOKENS,
+    infer_tokens=model.INFER_TOKENS,
     cast_shape="16384x16384",
     cast_iters=10,
     timing=_timing.Timing(warmup=3, repeats=5, target_s=0.05),
@@ -104,6 +135,9 @@ SMALL = Sizes(
     sweep_kn=(128,),
     block=torch_block.BlockShape(dim=64, heads=2, ffn=128, batch=2, seq=32),
     gemm={"large": (64, 128, 128)},
+    model=model.TINY,
+    train_tokens=(32,),
+    infer_tokens=(1, 16),
     cast_shape="64x256",
     cast_iters=1,
     timing=_timing.Timing(warmup=1, repeats=1, target_s=0.0),
@@ -309,6 +343,42 @@ def jax_section(ctx: Context, sec: _record.Section) -> None:
                 )
 
 
+def model_train(ctx: Context, sec: _record.Section) -> None:
+    _model_rows(ctx, sec, "train", ctx.sizes.train_tokens)
+
+
+def model_infer(ctx: Context, sec: _record.Section) -> None:
+    _model_rows(ctx, sec, "infer", ctx.sizes.infer_tokens)
+
+
+def _model_rows(ctx: Context, sec: _record.Section, task: str, tokens: tuple) -> None:
+    """One item per T: every variant and mode of bench/model.py timed interleaved."""
+    if ctx.device.type == "cuda" and model.torchao_problem():
+        sec.note(f"no torchao rows: {model.torchao_problem()}")
+    modes = [{"compile": "compiled"}.get(m, m) for m in ctx.modes("modes")]
+    for t in tokens:
+
+        def measure(t=t):
+            def failed(label, error):
+                sec.fail(f"{task} T={t} {label[0]} {label[1]}", error)
+
+            try:
+                return model.measure(
+                    task,
+                    t,
+                    ctx.sizes.model,
+                    ctx.device,
+                    ctx.sizes.timing,
+                    modes,
+                    ctx.backend,
+                    failed,
+                )
+            finally:
+                linear_step.release(ctx.device)
+
+        sec.item(f"{task} T={t}: every variant", measure)
+
+
 def _format_cast(row) -> str:
     return (
         f"{row['scheme']:>16} {row['path']:>8}: {row['ms']:9.4f} ms {row['gb_per_s']:8.1f} GB/s "
@@ -330,6 +400,8 @@ RUNNERS = {
     "sweep": (sweep, linear_step.format_row),
     "memory": (memory, torch_block.format_row),
     "block": (block, torch_block.format_row),
+    "model_train": (model_train, model.format_row),
+    "model_infer": (model_infer, model.format_row),
 }
 
 

@@ -1,55 +1,127 @@
-"""Where an fp8 training GEMM cannot pay for its casts: the small-shape policy.
+"""Where an fp8 training call cannot pay for its casts: the small-shape policy.
 
-A training layer's three fp8 GEMMs save time in proportion to their work, M·K·N
-multiply-adds, while quantizing x, w and dy costs memory passes and kernel launches that
-do not shrink with M. Below some size the casts cost more than the GEMMs save, and the
-layer is faster in high precision. On the H200 every float8 recipe lost to bf16 up to
-M·K·N = 2**36, float8_tensorwise broke even at 2**38 and every recipe won at 2**40;
-`MIN_MACS` sits one power of two above tensorwise's break-even (the sweep behind these
-numbers: docs/performance.md, "Small shapes").
+A training layer's three fp8 GEMMs save time in proportion to their work, 6·M·K·N flops,
+while quantizing x, w and dy costs memory traffic in proportion to their sizes and host
+time (launches, Python) that does not shrink with them. The policy predicts both calls'
+times from what they must do, at rates measured on the device, and runs a call in high
+precision where fp8 would be the slower:
 
-So the frontends' training layers ("auto", their default) run a call in high precision
-when the fp8 GEMM kernels would run it and either of these holds:
+    device_ms(fp8)  = (M·K + K·N + M·N) · cast_bytes / bandwidth + 6·M·K·N / fp8_rate
+    device_ms(bf16) = 6·M·K·N / bf16_rate
+    call_ms         = max(host, device) + overlap · min(host, device)
 
-- K·N < `MIN_WEIGHT`: even `MAX_TOKENS` tokens a call would not reach `MIN_MACS`. Known
-  when the layer is built, and said then;
-- M·K·N < `MIN_MACS` for this call's M tokens.
+host is a call's host time (the fastest call of a shape sweep, where the device's work
+is shorter than its launches); `overlap` says how much of the shorter of host and device
+time still shows in a step, since the two overlap only in part. fp8 runs where its
+predicted time is under `MARGIN` times high precision's. The constants per recipe
+(`COSTS`) were measured on one H200 by `bench/small_shape_costs.py` (the run and its
+fit: docs/performance.md, "Small shapes"); other GPUs with fp8 GEMMs use them too,
+which is a guess this module says rather than hides.
 
-On a device without such kernels (CPU; MX and NVFP4 before sm_100) nothing changes:
-the layer is there for its numerics, not its speed. (The policy looks at the device
-and the recipe, not at every reason a single GEMM might still be emulated there, such
-as K or N off a multiple of 16 without padding: such a small call runs in high
-precision too, which is faster than its emulation.) The high-precision call computes what
-the layer's float model computes; the quantized recipe's numerics apply to the calls
-that quantize.
+The frontends' training layers ("auto", their default) consult it where the fp8 GEMM
+kernels would run a call; on a device without them (CPU; MX and NVFP4 before sm_100)
+nothing changes: the layer is there for its numerics, not its speed. When a layer is
+built, `layer_may_pay` tells whether a call of `MAX_TOKENS` tokens would pay; a layer
+that would not says so, and all its calls run in high precision. The high-precision call computes what the layer's float model
+computes; the recipe's numerics apply to the calls that quantize.
 """
 
-MIN_MACS = 2**39  # M*K*N below which an fp8 training GEMM triple loses to bf16
+import dataclasses
+
 MAX_TOKENS = 2**17  # tokens a call, at most, that a layer is expected to see
-MIN_WEIGHT = MIN_MACS // MAX_TOKENS  # K*N below which no call of <= MAX_TOKENS reaches MIN_MACS
+# fp8 runs where predicted this much faster at least: a near tie goes to high precision,
+# whose numerics are the float model's (the sweep's one wrong call was a 1% predicted win).
+MARGIN = 0.95
 
 
-def layer_may_pay(in_features: int, out_features: int) -> bool:
-    """Whether a layer of this K, N can reach `MIN_MACS` at up to `MAX_TOKENS` tokens."""
-    return in_features * out_features >= MIN_WEIGHT
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """What one training call (forward + backward) costs a recipe on one device.
+
+    Attributes:
+      fp8_tflops: the recipe's three GEMMs' rate, 6·M·K·N flops a call.
+      bf16_tflops: the high-precision GEMMs' rate.
+      cast_bytes: bytes the casts move per element of x, w and dy (reads of the
+        high-precision tensor for the amax and the cast, writes of each orientation's
+        codes, the transposed copy where there is one).
+      bandwidth_tb_s: the device's memory bandwidth as the casts reach it.
+      fp8_host_ms, bf16_host_ms: a call's host time.
+      overlap: the share of min(host, device) a call still pays (0: full overlap).
+    """
+
+    fp8_tflops: float
+    bf16_tflops: float
+    cast_bytes: float
+    bandwidth_tb_s: float
+    fp8_host_ms: float
+    bf16_host_ms: float
+    overlap: float
+
+    def fp8_ms(self, m: int, k: int, n: int) -> float:
+        casts = (m * k + k * n + m * n) * self.cast_bytes / (self.bandwidth_tb_s * 1e9)
+        return _call_ms(self.fp8_host_ms, casts + _gemm_ms(m, k, n, self.fp8_tflops), self)
+
+    def bf16_ms(self, m: int, k: int, n: int) -> float:
+        return _call_ms(self.bf16_host_ms, _gemm_ms(m, k, n, self.bf16_tflops), self)
 
 
-def call_pays(tokens: int, in_features: int, out_features: int) -> bool:
-    """Whether a call of `tokens` tokens is large enough for the fp8 GEMMs to win."""
-    return layer_may_pay(in_features, out_features) and (
-        tokens * in_features * out_features >= MIN_MACS
+def _gemm_ms(m: int, k: int, n: int, tflops: float) -> float:
+    return 6 * m * k * n / (tflops * 1e9)
+
+
+def _call_ms(host: float, device: float, c: Costs) -> float:
+    return max(host, device) + c.overlap * min(host, device)
+
+
+# H200 (sm_90), torch 2.11 eager, bench/small_shape_costs.py at 5549e26
+# (bench/results/2026-12-02_5549e26_small_shape_costs.json). The host times are the
+# sweep's fastest calls; the rates are those of its largest shapes; cast_bytes counts
+# each recipe's cast passes (docs/performance.md, "Small shapes").
+_H200 = {"bf16_tflops": 700.0, "bandwidth_tb_s": 3.3, "bf16_host_ms": 0.15, "overlap": 0.25}
+COSTS = {
+    # x, w, dy: an amax read and a cast read (2 + 2 bytes), the codes (1), their
+    # transposed copy (1 + 1)
+    "float8_tensorwise": Costs(fp8_tflops=1300.0, cast_bytes=7, fp8_host_ms=1.96, **_H200),
+    # x, w, dy: one fused cast of both orientations (2 + 2 read, 1 + 1 written)
+    "float8_rowwise": Costs(fp8_tflops=1300.0, cast_bytes=6, fp8_host_ms=2.48, **_H200),
+    # the wgrad GEMM in bf16: two fp8 GEMMs and one bf16 GEMM
+    "float8_rowwise_gw_hp": Costs(fp8_tflops=990.0, cast_bytes=6, fp8_host_ms=2.01, **_H200),
+}
+DEFAULT_RECIPE = "float8_rowwise"  # whose costs a recipe without its own uses
+
+
+def costs(recipe: str | None) -> Costs:
+    """The costs of `recipe` (a name), or of `DEFAULT_RECIPE` for one not measured."""
+    return COSTS.get(recipe or DEFAULT_RECIPE, COSTS[DEFAULT_RECIPE])
+
+
+def call_pays(tokens: int, in_features: int, out_features: int, recipe: str | None = None) -> bool:
+    """Whether a call of `tokens` tokens through a K -> N layer is predicted faster in fp8
+    (and the layer is not one that said, when built, that it trains in high precision)."""
+    return layer_may_pay(in_features, out_features, recipe) and _faster_in_fp8(
+        tokens, in_features, out_features, recipe
     )
 
 
-def describe(tokens: int | None, in_features: int, out_features: int) -> str:
-    """Why a layer or call runs in high precision, for logs."""
-    if not layer_may_pay(in_features, out_features):
-        return (
-            f"K*N = {in_features}*{out_features} < {MIN_WEIGHT}: below {MIN_MACS} "
-            f"multiply-adds even at {MAX_TOKENS} tokens, where fp8 casts cost more than "
-            "the fp8 GEMMs save"
-        )
+def layer_may_pay(in_features: int, out_features: int, recipe: str | None = None) -> bool:
+    """Whether a call of `MAX_TOKENS` tokens through this layer would pay."""
+    return _faster_in_fp8(MAX_TOKENS, in_features, out_features, recipe)
+
+
+def _faster_in_fp8(m: int, k: int, n: int, recipe: str | None) -> bool:
+    c = costs(recipe)
+    return c.fp8_ms(m, k, n) < MARGIN * c.bf16_ms(m, k, n)
+
+
+def describe(
+    tokens: int | None, in_features: int, out_features: int, recipe: str | None = None
+) -> str:
+    """Why a layer or call runs in high precision, for logs: the two predicted times."""
+    c = costs(recipe)
+    m = MAX_TOKENS if tokens is None else tokens
+    k, n = in_features, out_features
+    at = f"M*K*N = {m}*{k}*{n}" + (" (the most tokens expected)" if tokens is None else "")
     return (
-        f"M*K*N = {tokens}*{in_features}*{out_features} < {MIN_MACS}: fp8 casts cost "
-        "more than the fp8 GEMMs save at this size"
+        f"{at}: predicted {c.fp8_ms(m, k, n):.3f} ms in fp8 against {c.bf16_ms(m, k, n):.3f} ms "
+        "in high precision, the fp8 casts costing more than its GEMMs save"
     )

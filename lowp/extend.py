@@ -58,7 +58,7 @@ How a recipe runs a linear layer (spec §8)
   DIM_NAMES                      what "M", "K", "N" are in a layer's terms.
 
 The small-shape policy of the training layers (spec §8)
-  MIN_MACS, call_pays, layer_may_pay, describe_small_shape
+  call_pays, layer_may_pay, describe_small_shape
 """
 
 from lowp._formats import FLOAT4_E2M1FN, FLOAT8_E4M3FN, element_format
@@ -85,7 +85,7 @@ from lowp._schemes import (
     normalize_axis,
     scale_format,
 )
-from lowp._small_shapes import MIN_MACS, call_pays, layer_may_pay
+from lowp._small_shapes import call_pays, layer_may_pay
 from lowp._small_shapes import describe as describe_small_shape
 
 __all__ = [
@@ -94,7 +94,6 @@ __all__ = [
     "FLOAT4_E2M1FN",
     "FLOAT8_E4M3FN",
     "HP_DTYPES",
-    "MIN_MACS",
     "MX_MODES",
     "SCHEME_TYPES",
     "GemmPlan",

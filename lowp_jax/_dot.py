@@ -426,8 +426,9 @@ def _fp8_dot(
 
 # M·K·N from which the tensorwise bfloat16 form runs (`gemm_output`'s default): below it
 # XLA's autotuner may give the form to a Triton GEMM fusion instead of cuBLASLt's fp8 GEMM
-# (docs/performance.md, "Where the time goes (JAX)"). The training layers quantize from
-# `extend.MIN_MACS` = 2**39 up on such a GPU, so every fp8 training GEMM they run is past it.
+# (docs/performance.md, "Where the time goes (JAX)"). The training layers' small-shape
+# policy (`lowp._small_shapes`) sends calls below about 2**38 to high precision on such a
+# GPU, so an fp8 training GEMM between the two gets the float32 form.
 BF16_OUTPUT_MIN_MACS = 2**39
 
 GEMM_OUTPUTS = ("auto", "float32")

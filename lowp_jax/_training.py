@@ -110,7 +110,7 @@ def training_dot_general(
       small_shapes: "auto" runs a call in high precision (lhs's dtype, float32
         accumulation, each GEMM rounded once; dw in the kernel's dtype) where the device
         has fp8 (MX: block-scaled) GEMM kernels but the call is too small for them to pay
-        for the casts (`lowp._small_shapes`: M*K*N < 2**39, or K*N < 2**22), and says so
+        for the casts (`lowp._small_shapes`: the predicted times of both), and says so
         at INFO while tracing. Off such devices (CPU; MX before compute capability 10.0)
         the recipe always runs. "quantize" always runs the recipe.
 
@@ -178,11 +178,11 @@ def in_high_precision(recipe, impl: str, x, w) -> bool:
     if not fp8_kernels_run(recipe, impl, _dot._device(x, w)):
         return False
     (m, k), n = x.shape, w.shape[0]
-    if extend.call_pays(m, k, n):
+    if extend.call_pays(m, k, n, recipe.name):
         return False
     logger.info(
         f"training_dot_general: {recipe.name} runs in high precision "
-        f"({extend.describe_small_shape(m, k, n)}); small_shapes='quantize' forces fp8"
+        f"({extend.describe_small_shape(m, k, n, recipe.name)}); small_shapes='quantize' forces fp8"
     )
     return True
 

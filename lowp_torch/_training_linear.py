@@ -49,9 +49,9 @@ class Linear(nn.Linear):
       name: the layer, for errors and logs (`convert_to_training` sets its path).
       small_shapes: "auto" (the default) runs a call in high precision, as the float
         layer would, where the fp8 GEMM kernels would run it but it is too small for
-        them to pay for the casts (`lowp._small_shapes`: M*K*N < 2**39, decided per
-        call from the tokens M; a layer with K*N < 2**22 never reaches it, which it
-        says when built). Only where fp8 kernels run (float8 on CUDA sm_89+): emulated
+        them to pay for the casts (`lowp._small_shapes`: the predicted times of both,
+        decided per call from the tokens M; a layer too small to pay at any expected
+        token count says so when built). Only where fp8 kernels run (float8 on CUDA sm_89+): emulated
         GEMMs always run the recipe. "quantize" always runs the recipe.
 
     >>> import torch, lowp_torch
@@ -81,11 +81,13 @@ class Linear(nn.Linear):
         self.plan = extend.LinearPlan.of(self.recipe)  # what each GEMM runs: `_training`
         self.lowering = _training.Lowering(kernel, pad_to_16, name, small_shapes)
         _training.check_layer(self.plan, in_features, out_features, self.lowering)
-        if small_shapes == "auto" and not extend.layer_may_pay(in_features, out_features):
+        if small_shapes == "auto" and not extend.layer_may_pay(
+            in_features, out_features, self.recipe.name
+        ):
             _log.info_once(
                 f"{name} small shapes layer",
                 f"{name}: where fp8 GEMM kernels run, it trains in high precision "
-                f"({extend.describe_small_shape(None, in_features, out_features)}); "
+                f"({extend.describe_small_shape(None, in_features, out_features, self.recipe.name)}); "
                 "small_shapes='quantize' forces fp8",
             )
         self._decided: dict[tuple[torch.Size, torch.device], str] = {}  # see _decide

@@ -311,3 +311,20 @@ def test_host_overhead_bench_refuses_a_shape_outside_the_fallback(monkeypatch):
     monkeypatch.setattr(extend, "call_pays", lambda *a: True)
     with pytest.raises(ValueError, match="16x32x32 with float8_tensorwise is not in the"):
         host_overhead.main(["--k", "32", "--repeats", "1", "--iters", "1"])
+
+
+@pytest.mark.slow
+def test_model_sections(tmp_path):
+    """The model slice trains and serves in every CPU variant (torchao's are CUDA-only),
+    and the summary gives each a ratio per T and mode."""
+    argv = ["--small", "--sections", "model_train,model_infer", "--out", str(tmp_path / "m.json")]
+    result = run.main(argv)
+    for name in ("model_train", "model_infer"):
+        section = result["sections"][name]
+        assert not section["errors"] and not section["skipped"], section
+    train = result["summary"]["model_train_speedup_vs_bf16"]["torch"]
+    assert set(train) == {"32"}
+    assert set(train["32"]) == {"lowp_float8_tensorwise", "lowp_float8_rowwise"}
+    assert all(set(cell) == {"eager"} and cell["eager"] > 0 for cell in train["32"].values())
+    infer = result["summary"]["model_infer_speedup_vs_bf16"]["torch"]
+    assert set(infer) == {"1", "16"}

@@ -668,13 +668,25 @@ def test_mixed_precision_layers_quantize_the_float32_master_weight(layer_kind):
 
 @pytest.fixture
 def fp8_kernels_here(monkeypatch):
-    """Make this CPU look like a GPU with fp8 kernels to the policy, with thresholds
-    scaled down (MIN_MACS 2**16, MIN_WEIGHT 2**10): a 64 -> 32 layer pays from 32 tokens."""
+    """Make this CPU look like a GPU with fp8 kernels to the policy, with its costs
+    scaled down: a 64 -> 32 layer pays from 32 tokens on, a layer of K*N < 2**10 never."""
     from lowp import _small_shapes
 
     monkeypatch.setattr(lowp_jax._training, "fp8_kernels_run", lambda recipe, impl, device: True)
-    monkeypatch.setattr(_small_shapes, "MIN_MACS", 2**16)
-    monkeypatch.setattr(_small_shapes, "MIN_WEIGHT", 2**10)
+    # A scaled-down cost model: an fp8 call costs 1 ms of host time and nothing else, a
+    # high-precision one 6*M*K*N flops at 3.648e-4 TFLOP/s, so fp8 pays (under MARGIN) from
+    # M*K*N = 2**16 on; with at most 64 tokens a call, only a layer of K*N >= 2**10 may pay.
+    scaled = _small_shapes.Costs(
+        fp8_tflops=1e12,
+        bf16_tflops=3.648e-4,
+        cast_bytes=0,
+        bandwidth_tb_s=1,
+        fp8_host_ms=1,
+        bf16_host_ms=0,
+        overlap=0,
+    )
+    monkeypatch.setattr(_small_shapes, "COSTS", {_small_shapes.DEFAULT_RECIPE: scaled})
+    monkeypatch.setattr(_small_shapes, "MAX_TOKENS", 64)
 
 
 @pytest.mark.slow
@@ -702,7 +714,7 @@ def test_small_calls_run_the_float_dot_and_large_ones_the_recipe(recipe, fp8_ker
         )
         assert same != expect_quantized, tokens
     said = [r.getMessage() for r in caplog.records if "runs in high precision" in r.getMessage()]
-    assert len(said) == 2 and "M*K*N = 8*64*32 < 65536" in said[0], said
+    assert len(said) == 2 and "M*K*N = 8*64*32: predicted 1.000 ms" in said[0], said
 
 
 def test_small_shapes_quantize_always_runs_the_recipe(fp8_kernels_here):

@@ -736,14 +736,26 @@ if __name__ == "__main__":
 
 @pytest.fixture
 def fp8_kernels_here(monkeypatch):
-    """Make this CPU look like a GPU with fp8 kernels to the policy, with thresholds
-    scaled down so that CPU-sized calls fall on both sides: MIN_MACS 2**16, MIN_WEIGHT
-    2**10 (K*N), so a 64 x 32 layer pays from 32 tokens on."""
+    """Make this CPU look like a GPU with fp8 kernels to the policy, with its costs
+    scaled down so that CPU-sized calls fall on both sides: a 64 x 32 layer pays from 32
+    tokens on, a layer of K*N < 2**10 never."""
     from lowp import _small_shapes
 
     monkeypatch.setattr(_training, "fp8_kernels_run", lambda recipe, device, lowering: True)
-    monkeypatch.setattr(_small_shapes, "MIN_MACS", 2**16)
-    monkeypatch.setattr(_small_shapes, "MIN_WEIGHT", 2**10)
+    # A scaled-down cost model: an fp8 call costs 1 ms of host time and nothing else, a
+    # high-precision one 6*M*K*N flops at 3.648e-4 TFLOP/s, so fp8 pays (under MARGIN) from
+    # M*K*N = 2**16 on; with at most 64 tokens a call, only a layer of K*N >= 2**10 may pay.
+    scaled = _small_shapes.Costs(
+        fp8_tflops=1e12,
+        bf16_tflops=3.648e-4,
+        cast_bytes=0,
+        bandwidth_tb_s=1,
+        fp8_host_ms=1,
+        bf16_host_ms=0,
+        overlap=0,
+    )
+    monkeypatch.setattr(_small_shapes, "COSTS", {_small_shapes.DEFAULT_RECIPE: scaled})
+    monkeypatch.setattr(_small_shapes, "MAX_TOKENS", 64)
     monkeypatch.setattr(_log, "_said", set())  # each test sees its own "once" messages
 
 
@@ -784,7 +796,7 @@ def test_small_calls_run_the_float_layer_and_large_ones_the_recipe(
     said = [r.getMessage() for r in caplog.records if "runs in high precision" in r.getMessage()]
     # Once per layer and reason, whatever M: the first small call's numbers.
     assert len(said) == 1 and said[0].startswith(f"fc: {recipe} "), said
-    assert "M*K*N = 8*64*32 < 65536" in said[0]
+    assert "M*K*N = 8*64*32: predicted 1.000 ms in fp8 against 0.269 ms" in said[0]
 
 
 def test_a_layer_remembers_its_small_shape_decision_per_shape_and_device(
@@ -873,8 +885,8 @@ def test_a_layer_too_small_to_pay_says_so_when_built_and_never_quantizes(fp8_ker
     with caplog.at_level(logging.INFO, logger="lowp_torch"):
         model = lowp_torch.convert_to_training(nn.Sequential(nn.Linear(16, 32)), "float8_rowwise")
     assert any(
-        "0: where fp8 GEMM kernels run, it trains in high precision (K*N = 16*32 < 1024"
-        in r.getMessage()
+        "0: where fp8 GEMM kernels run, it trains in high precision "
+        "(M*K*N = 64*16*32 (the most tokens expected): predicted 1.000 ms in fp8" in r.getMessage()
         for r in caplog.records
     )
     with unittest.mock.patch.object(_training._LinearFunction, "apply", side_effect=AssertionError):
