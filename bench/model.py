@@ -183,6 +183,7 @@ def measure(
     measured = _timing.time_interleaved(calls, _timing.torch_sync(device), timing)
     return [
         {
+            "framework": "torch",
             "task": task,
             "T": tokens,
             "variant": variant,
@@ -216,6 +217,6 @@ def _infer_call(model, x):
 
 def format_row(row: dict) -> str:
     return (
-        f"{row['task']:>5} T={row['T']:>6} {row['variant']:>20} {row['mode']:>8}: "
+        f"{row['framework']:>5} {row['task']:>5} T={row['T']:>6} {row['variant']:>20} {row['mode']:>8}: "
         f"{row['ms']:9.4f} ms (first call {row['first_call_s']:.1f} s)"
     )

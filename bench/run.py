@@ -30,6 +30,9 @@ goes on; with --time-budget, items that no longer fit are skipped and recorded):
           of a T timed interleaved (bench/model.py).
   model_infer  that slice's forward under inference_mode at T = 1 ... 8192: bf16, lowp's
           quantize_ presets with their defaults, torchao's float8 inference configs.
+  jax_model_train, jax_model_infer  the same slice in flax linen, jitted: bf16, lowp's
+          training dot / quantized kernels with their defaults, flax's fp8 dot
+          (bench/jax_model.py).
 
 MX recipes have no MX GEMM before sm_100: on Hopper (and CPU) their GEMMs are
 emulated, and their rows say "numerics only". Results: bench/results/run_<device>_<time>.json
@@ -93,6 +96,8 @@ SECTIONS = (
     "gemm",
     "model_train",
     "model_infer",
+    "jax_model_train",
+    "jax_model_infer",
 )
 
 
@@ -379,6 +384,29 @@ def _model_rows(ctx: Context, sec: _record.Section, task: str, tokens: tuple) ->
         sec.item(f"{task} T={t}: every variant", measure)
 
 
+def jax_model_train(ctx: Context, sec: _record.Section) -> None:
+    _jax_model_rows(ctx, sec, "train", ctx.sizes.train_tokens)
+
+
+def jax_model_infer(ctx: Context, sec: _record.Section) -> None:
+    _jax_model_rows(ctx, sec, "infer", ctx.sizes.infer_tokens)
+
+
+def _jax_model_rows(ctx: Context, sec: _record.Section, task: str, tokens: tuple) -> None:
+    linear_step.release(ctx.device)  # JAX allocates its own memory
+    from bench import jax_model
+
+    for t in tokens:
+
+        def measure(t=t):
+            def failed(variant, error):
+                sec.fail(f"jax {task} T={t} {variant}", error)
+
+            return jax_model.measure(task, t, ctx.sizes.model, ctx.sizes.timing, failed)
+
+        sec.item(f"jax {task} T={t}: every variant", measure)
+
+
 def _format_cast(row) -> str:
     return (
         f"{row['scheme']:>16} {row['path']:>8}: {row['ms']:9.4f} ms {row['gb_per_s']:8.1f} GB/s "
@@ -402,6 +430,8 @@ RUNNERS = {
     "block": (block, torch_block.format_row),
     "model_train": (model_train, model.format_row),
     "model_infer": (model_infer, model.format_row),
+    "jax_model_train": (jax_model_train, model.format_row),
+    "jax_model_infer": (jax_model_infer, model.format_row),
 }
 
 

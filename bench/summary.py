@@ -46,8 +46,12 @@ def build(sections: dict) -> dict:
         "linear_fwd_bwd_speedup_vs_bf16": linear,
         "jax_dense_fwd_bwd_speedup_vs_bf16": _jax(rows("jax")),
         "slowest_vs_bf16_small_shapes": slowest["speedup_vs_bf16"] if slowest else None,
-        "model_train_speedup_vs_bf16": _model_speedups(rows("model_train")),
-        "model_infer_speedup_vs_bf16": _model_speedups(rows("model_infer")),
+        "model_train_speedup_vs_bf16": _model_speedups(
+            rows("model_train") + rows("jax_model_train")
+        ),
+        "model_infer_speedup_vs_bf16": _model_speedups(
+            rows("model_infer") + rows("jax_model_infer")
+        ),
         # --- detail ---
         "linear_fwd_bwd_detail": linear_detail,
         "slowest_small_shape": slowest,
@@ -57,8 +61,8 @@ def build(sections: dict) -> dict:
         "slowest_bf16_control_vs_bf16": min(_values(control), default=None),
         "fastest_bf16_control_vs_bf16": max(_values(control), default=None),
         "cast_fraction_of_copy_by_path": _casts_by_path(rows("casts")),
-        "model_train_compile_s": _model_compile_s(rows("model_train")),
-        "model_infer_compile_s": _model_compile_s(rows("model_infer")),
+        "model_train_compile_s": _model_compile_s(rows("model_train") + rows("jax_model_train")),
+        "model_infer_compile_s": _model_compile_s(rows("model_infer") + rows("jax_model_infer")),
         "block_step": _block(rows("block")),
         "memory_peak": _memory(rows("memory")),
         "gemm_forward_speedup_vs_bf16": _gemm(rows("gemm")),
@@ -80,27 +84,26 @@ def build(sections: dict) -> dict:
 
 
 def _model_speedups(rows) -> dict:
-    """{"torch": {T: {variant: {mode: ratio}}}}: the faster bf16 of each T (eager or
-    compiled) over the variant's time (bench/model.py's rows)."""
+    """{framework: {T: {variant: {mode: ratio}}}}: the faster bf16 of each framework and T
+    (eager or compiled) over the variant's time (bench/model.py's and jax_model.py's rows)."""
     out: dict = {}
-    for tokens in sorted({r["T"] for r in rows}):
-        at = [r for r in rows if r["T"] == tokens and r["ms"]]
+    for framework, tokens in sorted({(r["framework"], r["T"]) for r in rows}):
+        at = [r for r in rows if (r["framework"], r["T"]) == (framework, tokens) and r["ms"]]
         bf16 = min((r["ms"] for r in at if r["variant"] == "bf16"), default=None)
         for r in at:
             if bf16 is not None and r["variant"] != "bf16":
-                entry = out.setdefault("torch", {}).setdefault(str(tokens), {})
+                entry = out.setdefault(framework, {}).setdefault(str(tokens), {})
                 entry.setdefault(r["variant"], {})[r["mode"]] = _ratio(bf16, r["ms"])
     return out
 
 
 def _model_compile_s(rows) -> dict:
-    """{"torch": {T: {variant: seconds}}}: a compiled variant's first call (compilation)."""
+    """{framework: {T: {variant: seconds}}}: a compiled (or jitted) variant's first call."""
     out: dict = {}
     for r in rows:
-        if r["mode"] == "compiled":
-            out.setdefault("torch", {}).setdefault(str(r["T"]), {})[r["variant"]] = r[
-                "first_call_s"
-            ]
+        if r["mode"] in ("compiled", "jit"):
+            entry = out.setdefault(r["framework"], {}).setdefault(str(r["T"]), {})
+            entry[r["variant"]] = r["first_call_s"]
     return out
 
 

@@ -328,3 +328,27 @@ def test_model_sections(tmp_path):
     assert all(set(cell) == {"eager"} and cell["eager"] > 0 for cell in train["32"].values())
     infer = result["summary"]["model_infer_speedup_vs_bf16"]["torch"]
     assert set(infer) == {"1", "16"}
+
+
+@pytest.mark.slow
+def test_jax_model_sections(tmp_path):
+    """The slice in flax linen trains (bf16, flax's fp8, lowp) and serves (bf16, lowp) on
+    the CPU, and the summary files the ratios under "jax"."""
+    pytest.importorskip("flax")
+    argv = ["--small", "--sections", "jax_model_train,jax_model_infer"]
+    result = run.main([*argv, "--out", str(tmp_path / "m.json")])
+    for name in ("jax_model_train", "jax_model_infer"):
+        section = result["sections"][name]
+        assert not section["errors"] and not section["skipped"], section
+    train = result["summary"]["model_train_speedup_vs_bf16"]
+    assert set(train) == {"jax"}
+    assert set(train["jax"]["32"]) == {"flax_fp8", "lowp_float8_tensorwise", "lowp_float8_rowwise"}
+    assert all(set(cell) == {"jit"} for cell in train["jax"]["32"].values())
+    infer = result["summary"]["model_infer_speedup_vs_bf16"]["jax"]
+    assert set(infer) == {"1", "16"}
+    assert set(result["summary"]["model_train_compile_s"]["jax"]["32"]) == {
+        "bf16",
+        "flax_fp8",
+        "lowp_float8_tensorwise",
+        "lowp_float8_rowwise",
+    }
