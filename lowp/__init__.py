@@ -1,6 +1,30 @@
 """lowp: low-precision numerics defined once, bit-exact across NumPy, PyTorch and JAX.
 
-This package is the backend-neutral core and the NumPy reference implementation.
+This package is the backend-neutral core and the NumPy reference implementation; the
+frontends `lowp_torch` and `lowp_jax` give its bytes on their own arrays. The contract
+every backend meets is docs/numerics.md ("spec §N" in the docstrings is its section N).
+
+Formats (spec §1): `FORMATS` maps each name to its `Format` (bits, bias, max, NaN and Inf
+codes); `ELEMENT_FORMATS` holds the element formats, `SCALE_FORMATS` the scale formats
+(float32 is a scale format without a `Format` entry); `encode` and `decode` convert
+between float32 values and codes.
+
+Schemes (spec §3), frozen dataclasses that check their fields: `TensorScaling`,
+`AxisScaling`, `BlockScaling`, `GroupScaling` (float32 scales), `MXScaling` (e8m0
+scales) and `NVFP4Scaling`; `Scheme` is any of them.
+
+The reference: `quantize(x, scheme)` gives a `QTensor` of codes and scales,
+`dequantize` inverts it; `random_bits` are the bits of stochastic rounding (spec §4).
+Layouts (spec §5): `pack_fp4` / `unpack_fp4`, `to_cublas_blocked` /
+`from_cublas_blocked`. Recipes (spec §8): `Recipe` (training, one `GemmSpec` per GEMM)
+and `InferenceConfig` (weight and activation schemes), each with named presets
+(`from_name`, `names`). The interchange file (spec §9): `save`, `load`, `read_arrays`,
+`load_activations`.
+
+>>> import numpy as np, lowp
+>>> q = lowp.quantize(np.array([1.0, -2.0, 448.0], np.float32), lowp.TensorScaling())
+>>> q.codes.view(np.uint8).tolist(), q.scale.tolist(), lowp.dequantize(q).tolist()
+([56, 192, 126], 1.0, [1.0, -2.0, 448.0])
 """
 
 from importlib import metadata as _metadata

@@ -45,6 +45,7 @@ class Format:
 
     @property
     def bits(self) -> int:
+        """The code's width: sign, exponent and mantissa bits (8, 6 or 4)."""
         return int(self.signed) + self.ebits + self.mbits
 
     @property

@@ -79,6 +79,7 @@ class QTensor:
 
     @property
     def nbytes(self) -> int:
+        """The bytes stored: codes, scales and the global scale, if any."""
         extra = 0 if self.global_scale is None else self.global_scale.nbytes
         return self.codes.nbytes + self.scale.nbytes + extra
 

@@ -59,6 +59,7 @@ class GemmSpec:
 
     @property
     def high_precision(self) -> bool:
+        """Whether this GEMM runs unquantized (`a` and `b` are None)."""
         return self.a is None
 
 
@@ -103,6 +104,7 @@ class Recipe:
 
     @staticmethod
     def names() -> tuple[str, ...]:
+        """The recipe names `from_name` takes, in the order the docs list them."""
         return tuple(_RECIPES)
 
     @classmethod
@@ -212,6 +214,8 @@ class InferenceConfig:
 
     @staticmethod
     def names() -> tuple[str, ...]:
+        """The preset names `from_name` takes (and `quantize_` / `quantize_params` take
+        as a string), in the order the docs list them."""
         return tuple(_PRESETS)
 
     @classmethod

@@ -213,23 +213,31 @@ class TensorScaling(Scaling):
         _check_bool("TensorScaling", "pow2", self.pow2)
 
     def check_shape(self, shape: tuple[int, ...]) -> None:
+        """Any shape; packed float4 codes need a last dim, of even size (a ValueError
+        names the shape)."""
         _check_fp4_packing(shape, self.fmt, self)
 
     def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """`()`: one scale, whatever the shape."""
         return ()
 
     def tiles(self, rank: int) -> tuple[int | None, ...]:
+        """`(None,) * rank`: one group spanning every axis."""
         return (None,) * rank
 
     def permuted(self, dims) -> "TensorScaling | None":
+        """This scheme, for `x.permute(dims)`; None where packed float4 codes would leave
+        the last axis."""
         if self.fmt == "float4_e2m1fn" and dims[-1] != len(dims) - 1:
             return None
         return self
 
     def reshaped(self, old: tuple, new: tuple) -> "TensorScaling":
+        """This scheme: a reshape keeps the one group."""
         return self
 
     def selected(self, dim: int, rank: int) -> "TensorScaling":
+        """This scheme: a slice of the one group keeps its scale."""
         return self  # a part of the one group keeps its scale
 
 
@@ -258,24 +266,34 @@ class AxisScaling(Scaling):
         _check_bool("AxisScaling", "pow2", self.pow2)
 
     def check_shape(self, shape: tuple[int, ...]) -> None:
+        """Rank >= 1 with `axis` in range; packed float4 codes need an even last dim.
+        A ValueError names the shape."""
         _check_rank(shape, 1, self)
         normalize_axis(self.axis, len(shape), self)
         _check_fp4_packing(shape, self.fmt, self)
 
     def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """`shape` with `axis` of size 1: one scale per slice along `axis`."""
         ax = normalize_axis(self.axis, len(shape), self)
         return shape[:ax] + (1,) + shape[ax + 1 :]
 
     def tiles(self, rank: int) -> tuple[int | None, ...]:
+        """None (the whole axis) along `axis`, 1 along every other."""
         return _tiles_along(self.axis, None, rank, self)
 
     def permuted(self, dims) -> "AxisScaling | None":
+        """The scheme for `x.permute(dims)`: `axis` where `dims` moves it (counted from
+        the end); None where packed float4 codes would leave the last axis."""
         return _axis_permuted(self, dims)
 
     def reshaped(self, old: tuple, new: tuple) -> "AxisScaling | None":
+        """The scheme for `x.reshape(new)` of an `old`-shaped x: `axis` must stay one dim
+        with the same elements before and after it; None otherwise."""
         return _axis_reshaped(self, old, new)
 
     def selected(self, dim: int, rank: int) -> "AxisScaling | None":
+        """The scheme for `x.select(dim, i)` of a rank-`rank` x; None when `dim` is `axis`
+        (each group would be cut to one element)."""
         return _axis_selected(self, dim, rank)
 
 
@@ -310,14 +328,18 @@ class BlockScaling(Scaling):
         _check_bool("BlockScaling", "pow2", self.pow2)
 
     def check_shape(self, shape: tuple[int, ...]) -> None:
+        """Rank >= 2 (any sizes: edge tiles may be partial); packed float4 codes need an
+        even last dim. A ValueError names the shape."""
         _check_rank(shape, 2, self)
         _check_fp4_packing(shape, self.fmt, self)
 
     def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """`(..., ceil(R / block[0]), ceil(C / block[1]))` for `shape` `(..., R, C)`."""
         rows, cols = shape[-2:]
         return shape[:-2] + (math.ceil(rows / self.block[0]), math.ceil(cols / self.block[1]))
 
     def tiles(self, rank: int) -> tuple[int | None, ...]:
+        """`block` over the last two dims, 1 along the leading ones."""
         return (1,) * (rank - 2) + self.block
 
     def permuted(self, dims) -> "BlockScaling | None":
@@ -339,6 +361,7 @@ class BlockScaling(Scaling):
         return self if new[-2] == rows or (rows % b0 == 0 and new[-2] % b0 == 0) else None
 
     def selected(self, dim: int, rank: int) -> "BlockScaling | None":
+        """This scheme for `x.select(dim, i)` along a leading dim; None along the last two."""
         return self if dim % rank < rank - 2 else None  # a tiled dim cannot lose an index
 
 
@@ -352,22 +375,32 @@ class _BlocksAlongAxis(Scaling):
     axis: int
 
     def check_shape(self, shape: tuple[int, ...]) -> None:
+        """Rank >= 1, `axis` in range, `block` dividing it (lowp never pads), float4
+        blocks along the last axis, which must be even. A ValueError names the shape."""
         _check_grouped_axis(shape, self.axis, self.block, self.fmt, self)
 
     def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """`shape` with `axis` divided by `block`: one scale per block."""
         ax = normalize_axis(self.axis, len(shape), self)
         return shape[:ax] + (shape[ax] // self.block,) + shape[ax + 1 :]
 
     def tiles(self, rank: int) -> tuple[int | None, ...]:
+        """`block` along `axis`, 1 along every other."""
         return _tiles_along(self.axis, self.block, rank, self)
 
     def permuted(self, dims):
+        """The scheme for `x.permute(dims)`: `axis` where `dims` moves it (counted from
+        the end); None where packed float4 codes would leave the last axis."""
         return _axis_permuted(self, dims)
 
     def reshaped(self, old: tuple, new: tuple):
+        """The scheme for `x.reshape(new)` of an `old`-shaped x: `axis` must stay one dim
+        with the same elements before and after it; None otherwise."""
         return _axis_reshaped(self, old, new)
 
     def selected(self, dim: int, rank: int):
+        """The scheme for `x.select(dim, i)` of a rank-`rank` x; None when `dim` is `axis`
+        (each block would be cut to one element)."""
         return _axis_selected(self, dim, rank)
 
 

@@ -112,7 +112,13 @@ def _parser() -> argparse.ArgumentParser:
             description=demo.__doc__.split("\n\n")[0],
         )
     )
-    sub.add_parser("formats", help="print the element and scale formats and their constants")
+    sub.add_parser(
+        "formats",
+        help="print the element and scale formats and their constants",
+        description="Print the element and scale formats of spec §1 as a table: bits, bias,\n"
+        "max, the smallest normal and subnormal, the MX emax, the NaN and Inf codes.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     presets = ", ".join(lowp.InferenceConfig.names())
     inspect = sub.add_parser(
         "inspect",
@@ -137,7 +143,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help=f"an inference preset whose weight scheme to apply, or a scheme spec "
         f"KIND[:FIELD=VALUE]... such as mx:mode=floor or block:block=1x128 (KIND: tensor, "
-        f"axis, block, mx, nvfp4); repeat or comma-separate (default: all presets, one per "
+        f"axis, block, group, mx, nvfp4); repeat or comma-separate (default: all presets, one per "
         f"distinct weight scheme). Presets: {presets}",
     )
     which = inspect.add_mutually_exclusive_group()

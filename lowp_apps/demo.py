@@ -1,5 +1,5 @@
-"""lowp demo: the same bytes in PyTorch and JAX, shown on a real model in under two
-minutes on a CPU.
+"""lowp demo: the same bytes in PyTorch and JAX, shown on a real model in about a
+minute on a CPU.
 
 all-MiniLM-L6-v2 is quantized with each preset in PyTorch and in JAX; the demo checks
 that the 36 quantized linear weights are the same bytes in both frameworks and in the

@@ -123,6 +123,8 @@ class QArray:
             raise ValueError(f"QArray.global_scale must be None for {self.scheme}")
 
     def tree_flatten(self):
+        """The JAX pytree protocol: the arrays (codes, scale, global_scale) are the leaves;
+        scheme, shape, hp_dtype and scale_layout the static aux data."""
         return (self.codes, self.scale, self.global_scale), (
             self.scheme,
             self.shape,
@@ -132,6 +134,7 @@ class QArray:
 
     @classmethod
     def tree_unflatten(cls, aux, leaves):
+        """The JAX pytree protocol: the QArray of `tree_flatten`'s aux data and leaves."""
         # JAX rebuilds pytrees with placeholders and batched leaves: no checks here.
         obj = object.__new__(cls)
         for field, value in zip(("codes", "scale", "global_scale"), leaves, strict=False):
@@ -142,6 +145,7 @@ class QArray:
 
     @property
     def ndim(self) -> int:
+        """The rank of the high-precision array, `len(shape)`."""
         return len(self.shape)
 
     @property
@@ -151,6 +155,7 @@ class QArray:
 
     @property
     def nbytes(self) -> int:
+        """The bytes stored: codes, scales and the global scale, if any."""
         extra = 0 if self.global_scale is None else self.global_scale.nbytes
         return self.codes.nbytes + self.scale.nbytes + extra
 

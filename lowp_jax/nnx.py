@@ -97,6 +97,15 @@ def quantize_model(model: nnx.Module, config, filter_fn=None, *, impl: str = "au
       config: a `lowp.InferenceConfig` or preset name.
       filter_fn: as for `quantize_params`: `filter_fn(path, kernel) -> bool`.
       impl: the `lowp_jax.dot_general` branch.
+
+    >>> import jax, jax.numpy as jnp, lowp_jax, lowp_jax.nnx
+    >>> from flax import nnx
+    >>> model = nnx.Sequential(nnx.Linear(64, 32, rngs=nnx.Rngs(0)), nnx.relu)
+    >>> quantized = lowp_jax.nnx.quantize_model(model, "mxfp8")
+    >>> type(quantized.layers[0].kernel[...]).__name__, quantized(jnp.ones((2, 64))).shape
+    ('QArray', (2, 32))
+    >>> isinstance(model.layers[0].kernel[...], jax.Array)  # the model passed in is unchanged
+    True
     """
     config = _quantized_dot.as_config(config)
     graphdef, state = nnx.split(model)

@@ -122,10 +122,13 @@ class QuantizedTensor(torch.Tensor):
 
     @property
     def scheme(self) -> lowp.Scheme:
+        """The lowp scheme the tensor was quantized with."""
         return scheme_of(self)
 
     @property
     def linear(self) -> _config.LinearConfig | None:
+        """The `LinearConfig` `quantize_` gave this weight (activation scheme, kernel,
+        padding, name), or None for a tensor that is no layer's weight."""
         return linear_of(self)
 
     def __setattr__(self, name, value):

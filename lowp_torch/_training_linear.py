@@ -128,6 +128,9 @@ class Linear(nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """`x @ weight.T + bias` for `x` (..., in_features), the recipe's forward GEMM
+        quantized (and its dgrad and wgrad in the backward), or the float layer's call
+        where `small_shapes="auto"` keeps this call in high precision."""
         if torch.compiler.is_compiling():  # traced once: the policy is asked directly
             self._check_input(x)
             return self._run(
@@ -191,6 +194,7 @@ class Linear(nn.Linear):
         return weight, bias
 
     def extra_repr(self) -> str:
+        """nn.Linear's, with the recipe and kernel (and small_shapes when not "auto")."""
         return (
             f"{super().extra_repr()}, recipe={self.recipe.name!r}, kernel={self.lowering.kernel!r}"
             + ("" if self.lowering.small_shapes == "auto" else ", small_shapes='quantize'")
