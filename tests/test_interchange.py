@@ -718,3 +718,140 @@ def test_scales_quantize_cannot_write_are_refused():
     with pytest.raises(ValueError, match="global_scale is"):
         dataclasses.replace(nv, global_scale=np.array(-2.0, np.float32))
     dataclasses.replace(q, scale=np.full_like(q.scale, np.nan))  # poisoned groups: fine
+
+
+# --- Hostile files (issue 23): bounded work, clear errors, no stale temporaries ---
+
+
+def test_an_empty_tensor_may_not_claim_a_huge_extent(tmp_path):
+    """A zero-byte tensor of shape [2**40, 0] loaded instantly, then made dequantize or
+    `lowp inspect` work (or allocate) in proportion to the 2**40 it claims."""
+    path = _write_raw(tmp_path / "x.safetensors", {"a": _entry("F32", [2**40, 0], 0, 0)})
+    with pytest.raises(ValueError, match=r"tensor 'a': shape \[1099511627776, 0\] holds no"):
+        lowp.load(path)
+    with pytest.raises(ValueError, match=r"QTensor.shape \(1099511627776, 0\) holds no"):
+        lowp.QTensor(
+            codes=np.zeros((2**40, 0), np.uint8),
+            scale=np.zeros((2**35, 0), np.uint8),
+            global_scale=None,
+            scheme=lowp.MXScaling(axis=0),
+            shape=(2**40, 0),
+            hp_dtype="float32",
+        )
+    np.savez(tmp_path / "x.npz", a=np.empty((2**40, 0), np.float32))
+    with pytest.raises(ValueError, match=r"x\.npz: tensor 'a': shape"):
+        lowp.read_arrays(tmp_path / "x.npz")
+    # What real checkpoints hold stays readable: an empty (0, 4096) and many small ones.
+    fine = {f"e{i}": np.zeros((0, 4096), np.float32) for i in range(100)}
+    lowp.save(tmp_path / "ok.safetensors", fine)
+    assert lowp.load(tmp_path / "ok.safetensors")["e7"].shape == (0, 4096)
+
+
+def test_many_empty_tensors_may_not_claim_a_huge_extent_together(tmp_path):
+    header = {f"t{i}": _entry("U8", [2**20, 0], 0, 0) for i in range(2**10)}
+    path = _write_raw(tmp_path / "x.safetensors", header)
+    with pytest.raises(ValueError, match="empty tensors span .* together"):
+        lowp.load(path)
+
+
+def test_inspect_refuses_an_empty_tensor_of_huge_extent():
+    from lowp_apps import inspection
+
+    schemes = inspection.preset_schemes(["float8_rowwise"])
+    with pytest.raises(ValueError, match=r"tensor 'a': shape \(1099511627776, 0\) holds no"):
+        inspection.inspect_arrays({"a": np.empty((2**40, 0), np.float32)}, schemes)
+
+
+UNCLEAR_HEADERS = {
+    "list dtype": ({"a": _entry(["F32"], [1], 0, 4)}, "tensor 'a': unknown dtype \\['F32'\\]"),
+    "dict dtype": ({"a": _entry({"F32": 1}, [1], 0, 4)}, "tensor 'a': unknown dtype"),
+    "rank 70": ({"a": _entry("U8", [1] * 69 + [0], 0, 0)}, "tensor 'a': rank 70 is over"),
+}
+
+
+@pytest.mark.parametrize(("header", "message"), UNCLEAR_HEADERS.values(), ids=list(UNCLEAR_HEADERS))
+def test_unclear_header_errors_name_the_tensor_and_value(tmp_path, header, message):
+    path = _write_raw(tmp_path / "x.safetensors", header, bytes(4 if "dtype" in message else 0))
+    with pytest.raises(ValueError, match=r"x\.safetensors: " + message):
+        lowp.load(path)
+
+
+@pytest.mark.parametrize("kind", [["MXScaling"], {"MXScaling": 1}])
+def test_a_scheme_kind_that_is_a_list_or_dict_is_named(q_file, kind):
+    # `kind not in SCHEME_FIELDS` raised TypeError: unhashable type.
+    _edit_lowp_metadata(q_file, lambda doc: doc["tensors"]["w"]["scheme"].update(kind=kind))
+    with pytest.raises(ValueError, match="QTensor 'w': unknown scheme kind"):
+        lowp.load(q_file)
+
+
+def test_deeply_nested_json_is_refused_as_invalid(tmp_path, q_file):
+    deep = b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    path = _write_raw(tmp_path / "x.safetensors", None, header_bytes=deep)
+    with pytest.raises(ValueError, match="header is not valid UTF-8 JSON: nested too deeply"):
+        lowp.load(path)
+
+    def edit(header):
+        header["__metadata__"]["lowp"] = "[" * 100_000 + "]" * 100_000
+
+    _edit_header(q_file, edit)
+    with pytest.raises(ValueError, match="the 'lowp' metadata is not valid JSON: nested too"):
+        lowp.load(q_file)
+
+
+def test_a_file_that_shrinks_while_read_is_refused(good_file, monkeypatch):
+    """A writer truncating the file between the size check and the reads (struct.error)."""
+    real_fstat = os.fstat
+
+    def larger(fd):
+        result = real_fstat(fd)
+        return os.stat_result((*result[:6], 1 << 20, *result[7:]))
+
+    for keep in (3, 12):
+        good_file.write_bytes(good_file.read_bytes()[:keep])
+        monkeypatch.setattr(_interchange.os, "fstat", larger)
+        with pytest.raises(ValueError, match="good.safetensors: the file ended early"):
+            lowp.load(good_file)
+        monkeypatch.setattr(_interchange.os, "fstat", real_fstat)
+
+
+def test_a_directory_is_named_as_one(tmp_path):
+    folder = tmp_path / "d.safetensors"
+    folder.mkdir()
+    with pytest.raises(ValueError, match=r"d\.safetensors: a directory, not a safetensors file"):
+        lowp.load(folder)
+    with pytest.raises(ValueError, match=r"d\.safetensors: a directory"):
+        lowp.load_activations(folder)
+
+
+def test_errors_cut_hostile_strings(q_file, tmp_path):
+    """A 30 MB field name gave a 30 MB message; a message now stays short."""
+    huge = "x" * 1_000_000
+    _edit_lowp_metadata(q_file, lambda doc: doc["tensors"]["w"].update({huge: 1}))
+    with pytest.raises(ValueError, match="unknown field 'xxx") as err:
+        lowp.load(q_file)
+    assert len(str(err.value)) < 1000
+    path = _write_raw(tmp_path / "x.safetensors", {huge: _entry("C64", [1], 0, 8)}, bytes(8))
+    with pytest.raises(ValueError, match="unknown dtype 'C64'") as err:
+        lowp.load(path)
+    assert len(str(err.value)) < 1000
+
+
+def test_save_removes_stale_temporaries_of_its_target(tmp_path):
+    """A writer killed inside `save` left `.x.safetensors.<hex>.tmp` (400 MB in the issue's
+    reproducer); the next save of that target removes it, and leaves a live writer's."""
+    path = tmp_path / "x.safetensors"
+    stale = tmp_path / f".x.safetensors.{'0' * 32}.tmp"
+    stale.write_bytes(b"half a file")
+    os.utime(stale, (0, 0))
+    other_target = tmp_path / f".y.safetensors.{'1' * 32}.tmp"
+    other_target.write_bytes(b"another file's")
+    os.utime(other_target, (0, 0))
+    fcntl = pytest.importorskip("fcntl")
+    live = tmp_path / f".x.safetensors.{'2' * 32}.tmp"
+    with open(live, "wb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a writer still inside save holds its own
+        os.utime(live, (0, 0))
+        lowp.save(path, {"a": np.ones(2, np.float32)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["x.safetensors", other_target.name, live.name]
+    )
