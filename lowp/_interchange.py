@@ -26,6 +26,7 @@ import time
 import types
 import uuid
 import zipfile
+import zlib
 from collections.abc import Mapping
 from typing import TypeGuard
 
@@ -42,9 +43,12 @@ except ImportError:  # Windows
     fcntl = None
 
 # The newest lowp_format this lowp reads. 2 = 1 plus the optional entry field "activation";
-# `save` writes 1 unless it records an activation, so such files still load in older lowp.
-LOWP_FORMAT = 2
+# 3 = 2 plus the checksums ("checksums", "tensors_checksum"), which `save` writes unless
+# told not to; without them it writes 1, or 2 when it records an activation.
+LOWP_FORMAT = 3
+_CHECKSUMS_FORMAT = 3
 METADATA_KEY = "lowp"
+_CHECKSUM = re.compile(r"crc32:[0-9a-f]{8}")
 
 # The safetensors dtype names lowp reads and writes, and the numpy dtype of each.
 _DTYPES = {
@@ -89,6 +93,7 @@ def save(
     tensors: Mapping[str, "_qtensor.QTensor | np.ndarray"],
     *,
     activations: "Mapping[str, _schemes.Scheme | None] | None" = None,
+    checksums: bool = True,
 ):
     """Write QTensors and plain arrays to one safetensors file, atomically.
 
@@ -102,6 +107,9 @@ def save(
         time (an `InferenceConfig.activation`), or None for weight-only; recorded in the
         entry (read back with `load_activations`). Names left out record nothing. An
         activation is quantized along K, its last axis: a scheme with an axis must say -1.
+      checksums: record a CRC-32 of each stored tensor (its dtype, shape and bytes) and of
+        the QTensor entries, which `load` verifies (lowp_format 3). False writes the file
+        an older lowp reads (lowp_format 1 or 2), unprotected.
 
     Raises:
       TypeError: a value that is neither a QTensor nor a numpy array of a supported dtype,
@@ -122,14 +130,19 @@ def save(
     _record_activations(entries, {} if activations is None else activations)
     # The lowest version that holds the file: without activations, what older lowp reads.
     version = 2 if any(_ACTIVATION in e for e in entries.values()) else 1
+    doc: dict[str, object] = {"lowp_format": version, "tensors": entries}
+    if checksums:
+        doc["lowp_format"] = _CHECKSUMS_FORMAT
+        doc["checksums"] = {name: _checksum(array) for name, array in arrays.items()}
+        doc["tensors_checksum"] = _entries_checksum(entries)
     # Sorted keys: the same tensors make the same file, whichever framework wrote them.
-    lowp_json = json.dumps(
-        {"lowp_format": version, "tensors": entries}, separators=(",", ":"), sort_keys=True
-    )
+    lowp_json = json.dumps(doc, separators=(",", ":"), sort_keys=True)
     _write_safetensors(path, arrays, {METADATA_KEY: lowp_json})
 
 
-def load(path: str | os.PathLike) -> dict[str, "_qtensor.QTensor | np.ndarray"]:
+def load(
+    path: str | os.PathLike, *, verify: bool = True
+) -> dict[str, "_qtensor.QTensor | np.ndarray"]:
     """Read a safetensors file written by `save` (or by anything else) into memory.
 
     A file without lowp's metadata loads as plain arrays (a Hugging Face checkpoint, say).
@@ -138,17 +151,25 @@ def load(path: str | os.PathLike) -> dict[str, "_qtensor.QTensor | np.ndarray"]:
     counted from the end, as lowp's presets spell it: a rank-2 tensor saved with
     `MXScaling(axis=1)` or `MXScaling(axis=-1)` loads with `MXScaling(axis=-1)`.
 
+    A file with checksums (lowp_format 3, what `save` writes) has each tensor's dtype,
+    shape and bytes checked against its CRC-32, and the QTensor entries against theirs;
+    `verify=False` skips the tensors' (one more pass over the data, CRC-32 at about
+    0.8 GB/s a core: docs/numerics.md §9). Files without checksums load as before.
+
     Returns:
       name -> QTensor or numpy array, sorted by name; arrays are fresh in-memory copies.
 
     Raises:
       ValueError: naming the file and the problem, for a corrupt container, a file from a
-        newer lowp, or a QTensor entry that is malformed or disagrees with its arrays.
+        newer lowp, a QTensor entry that is malformed or disagrees with its arrays, or
+        (naming the tensor) bytes, a dtype or a shape other than those saved.
     """
     arrays, metadata = _read_safetensors(path)
     if METADATA_KEY not in metadata:
         return dict(arrays)
-    version, entries = _parse_lowp_metadata(metadata[METADATA_KEY], path)
+    version, entries, checksums = _parse_lowp_metadata(metadata[METADATA_KEY], path)
+    if checksums is not None:
+        _check_checksums(arrays, checksums, path, verify)
     # Components first, then clashes: QTensors `w` and `w.codes` may share a file
     # (stored as w.codes, w.codes.codes, ...), but a plain `w` beside QTensor `w` may not.
     loaded: dict[str, _qtensor.QTensor | np.ndarray] = {}
@@ -188,7 +209,7 @@ def load_activations(path: str | os.PathLike) -> "dict[str, _schemes.Scheme | No
     metadata = _parse_metadata(header.get("__metadata__", {}), path)
     if METADATA_KEY not in metadata:
         return {}
-    version, entries = _parse_lowp_metadata(metadata[METADATA_KEY], path)
+    version, entries, _ = _parse_lowp_metadata(metadata[METADATA_KEY], path)
     recorded = {}
     for name, entry in sorted(entries.items()):
         activation = _entry_activation(name, entry, version, path)
@@ -303,8 +324,9 @@ def _scheme_to_json(scheme: _schemes.Scheme, rank: int) -> dict:
     return scheme.to_fields(rank)  # spec §9: an axis stored normalised
 
 
-def _parse_lowp_metadata(text: str, path) -> tuple[int, dict]:
-    """The lowp_format and `tensors` map of lowp's metadata, after checking their shape."""
+def _parse_lowp_metadata(text: str, path) -> tuple[int, dict, dict | None]:
+    """The lowp_format, `tensors` map and `checksums` map (None before lowp_format 3) of
+    lowp's metadata, after checking their shape and the entries' checksum."""
     try:
         doc = _json(text)
     except ValueError as e:
@@ -324,10 +346,66 @@ def _parse_lowp_metadata(text: str, path) -> tuple[int, dict]:
         )
     if version < 1:
         raise _error(path, f"unknown lowp_format {version}")
-    _check_keys(doc, ("lowp_format", "tensors"), f"the {_show(METADATA_KEY)} metadata", path)
+    where = f"the {_show(METADATA_KEY)} metadata"
+    fields: tuple[str, ...] = ("lowp_format", "tensors")
+    if version >= _CHECKSUMS_FORMAT:
+        fields += ("checksums", "tensors_checksum")
+    _check_keys(doc, fields, where, path)
     if not isinstance(doc["tensors"], dict):
-        raise _error(path, f"the {_show(METADATA_KEY)} metadata: field 'tensors' must be an object")
-    return version, doc["tensors"]
+        raise _error(path, f"{where}: field 'tensors' must be an object")
+    if version < _CHECKSUMS_FORMAT:
+        return version, doc["tensors"], None
+    if not isinstance(doc["checksums"], dict):
+        raise _error(path, f"{where}: field 'checksums' must be an object")
+    for name, value in [("the tensors", doc["tensors_checksum"]), *doc["checksums"].items()]:
+        if not isinstance(value, str) or not _CHECKSUM.fullmatch(value):
+            raise _error(
+                path,
+                f"{where}: checksum of {_show(name)} must be 'crc32:' and 8 hex digits, "
+                f"got {_show(value)}",
+            )
+    if _entries_checksum(doc["tensors"]) != doc["tensors_checksum"]:
+        raise _error(
+            path,
+            f"{where}'s tensors changed since the file was saved: their checksum "
+            f"{_entries_checksum(doc['tensors'])} is not the {doc['tensors_checksum']} recorded",
+        )
+    return version, doc["tensors"], doc["checksums"]
+
+
+def _checksum(array: np.ndarray) -> str:
+    """CRC-32 of a stored tensor's dtype name, shape and bytes: a byte, dtype or shape
+    changed to another legal one (which safetensors would load) changes it."""
+    crc = zlib.crc32(f"{_DTYPE_NAMES[array.dtype]}{list(array.shape)}".encode())
+    # numpy's stubs declare the buffer protocol only for Python >= 3.12 (as _read_tensor).
+    crc = zlib.crc32(array.reshape(-1).view(np.uint8), crc)  # type: ignore[arg-type]
+    return f"crc32:{crc:08x}"
+
+
+def _entries_checksum(entries: dict) -> str:
+    """CRC-32 of the QTensor entries as canonical JSON (sorted keys, compact)."""
+    text = json.dumps(entries, separators=(",", ":"), sort_keys=True)
+    return f"crc32:{zlib.crc32(text.encode()):08x}"
+
+
+def _check_checksums(arrays: dict, checksums: dict, path, verify: bool) -> None:
+    """Every stored tensor has a checksum and no checksum names another; with `verify`,
+    each tensor's matches."""
+    for name in arrays:
+        if name not in checksums:
+            raise _error(path, f"tensor {_show(name)} has no checksum in a checksummed file")
+    for name in checksums:
+        if name not in arrays:
+            raise _error(path, f"a checksum for {_show(name)}, a tensor the file does not hold")
+    if not verify:
+        return
+    for name, array in arrays.items():
+        if _checksum(array) != checksums[name]:
+            raise _error(
+                path,
+                f"tensor {_show(name)}: its bytes, dtype or shape changed since it was saved "
+                f"({_checksum(array)}, the file records {checksums[name]})",
+            )
 
 
 _NOT_RECORDED = object()
