@@ -1,5 +1,7 @@
 """Bad input to the core's public functions is refused with a message naming it (issue 23)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -28,3 +30,13 @@ def test_encode_and_decode_name_a_format_given_as_a_string(function):
     # The format by name reached `fmt.bits`: AttributeError: 'str' object has no attribute.
     with pytest.raises(TypeError, match=r"lowp.FORMATS\['float8_e4m3fn'\]"):
         function(np.zeros(2, np.float32 if function is lowp.encode else np.uint8), "float8_e4m3fn")
+
+
+@pytest.mark.parametrize("from_name", [lowp.Recipe.from_name, lowp.InferenceConfig.from_name])
+@pytest.mark.parametrize("name", [["mxfp8"], {"mxfp8": 1}, None])
+def test_from_name_names_a_value_that_is_no_name(from_name, name):
+    # `name in _RECIPES` raised TypeError: unhashable type: 'list'.
+    with pytest.raises(
+        ValueError, match=r"unknown (recipe|inference preset) " + re.escape(repr(name))
+    ):
+        from_name(name)

@@ -1,8 +1,9 @@
-"""quantize_params refuses a float64 NumPy kernel, as every quantize path does (spec §0.1)."""
+"""lowp_jax refuses what would round twice or fail inside JAX, naming it (issue 23)."""
 
 import numpy as np
 import pytest
 
+import lowp
 import lowp_jax
 
 
@@ -15,3 +16,9 @@ def test_quantize_params_refuses_a_float64_numpy_kernel():
         {"dense": {"kernel": kernel.astype(np.float32)}}, "float8_rowwise"
     )
     assert quantized["dense"]["kernel"].shape == (8, 64)
+
+
+def test_quantize_names_a_big_endian_array():
+    # jnp.asarray failed inside JAX: "Error interpreting argument to stage as a JAX value".
+    with pytest.raises(TypeError, match=r"x: a big-endian array \(>f4\)"):
+        lowp_jax.quantize(np.ones((2, 32), ">f4"), lowp.MXScaling(), name="x")
