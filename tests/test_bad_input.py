@@ -40,3 +40,11 @@ def test_from_name_names_a_value_that_is_no_name(from_name, name):
         ValueError, match=r"unknown (recipe|inference preset) " + re.escape(repr(name))
     ):
         from_name(name)
+
+
+def test_lowp_inspect_names_a_directory(tmp_path, capsys):
+    # It said "no such file" of a folder that exists.
+    from lowp_apps import cli
+
+    assert cli.main(["inspect", str(tmp_path), "--no-progress"]) == 2
+    assert f"{str(tmp_path)!r} is a directory" in capsys.readouterr().err
