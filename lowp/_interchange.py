@@ -320,7 +320,7 @@ def _record_activations(entries: dict[str, dict], activations) -> None:
 def _scheme_to_json(scheme: _schemes.Scheme, rank: int) -> dict:
     scheme_type, _ = SCHEME_FIELDS.get(type(scheme).__name__, (None, {}))
     if type(scheme) is not scheme_type:  # a subclass could carry fields we would drop
-        raise TypeError(f"cannot save {_show(scheme)}: lowp files hold {tuple(SCHEME_FIELDS)} only")
+        raise TypeError(f"cannot save {scheme!r}: lowp files hold {tuple(SCHEME_FIELDS)} only")
     return scheme.to_fields(rank)  # spec §9: an axis stored normalised
 
 
@@ -330,13 +330,13 @@ def _parse_lowp_metadata(text: str, path) -> tuple[int, dict, dict | None]:
     try:
         doc = _json(text)
     except ValueError as e:
-        raise _error(path, f"the {_show(METADATA_KEY)} metadata is not valid JSON: {e}") from e
+        raise _error(path, f"the {METADATA_KEY!r} metadata is not valid JSON: {e}") from e
     if not isinstance(doc, dict):
-        raise _error(path, f"the {_show(METADATA_KEY)} metadata must be a JSON object")
+        raise _error(path, f"the {METADATA_KEY!r} metadata must be a JSON object")
     version = doc.get("lowp_format")
     if not _is_int(version):
         raise _error(
-            path, f"the {_show(METADATA_KEY)} metadata needs an int lowp_format: {_show(version)}"
+            path, f"the {METADATA_KEY!r} metadata needs an int lowp_format: {_show(version)}"
         )
     if version > LOWP_FORMAT:
         raise _error(
@@ -346,7 +346,7 @@ def _parse_lowp_metadata(text: str, path) -> tuple[int, dict, dict | None]:
         )
     if version < 1:
         raise _error(path, f"unknown lowp_format {version}")
-    where = f"the {_show(METADATA_KEY)} metadata"
+    where = f"the {METADATA_KEY!r} metadata"
     fields: tuple[str, ...] = ("lowp_format", "tensors")
     if version >= _CHECKSUMS_FORMAT:
         fields += ("checksums", "tensors_checksum")
