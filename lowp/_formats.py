@@ -127,10 +127,12 @@ def encode(v: np.ndarray, fmt: Format) -> np.ndarray:
     zero, and the sign bit of `v` is kept (-0.0 -> sign set). Integer arithmetic only.
 
     Raises:
-      TypeError: `v` is not float32 (a float64 value would round twice, spec §0.1).
+      TypeError: `v` is not float32 (a float64 value would round twice, spec §0.1), or
+        `fmt` is not a Format (a name: look it up in `lowp.FORMATS`).
       ValueError: naming the first value that is not finite or above fmt.max in
         magnitude (the encoder would wrap it into another code).
     """
+    _check_format("encode", fmt)
     v = np.asarray(v)
     if v.dtype != np.float32:
         raise TypeError(f"encode takes float32 values, got dtype {v.dtype}; cast first")
@@ -194,8 +196,24 @@ def _value_table(fmt: Format) -> np.ndarray:
 
 def decode(codes: np.ndarray, fmt: Format) -> np.ndarray:
     """float32 value of each code (one code per uint8, unpacked); ValueError naming a
-    byte that is no code of `fmt` (above 15 for fp4, 63 for fp6)."""
-    codes = np.asarray(codes, dtype=np.uint8)
+    byte that is no code of `fmt` (above 15 for fp4, 63 for fp6). TypeError for codes
+    that are not uint8: casting them would wrap 300 to 44 or -1 to 255, another code."""
+    _check_format("decode", fmt)
+    codes = np.asarray(codes)
+    if codes.dtype != np.uint8:
+        raise TypeError(f"decode takes uint8 codes, got dtype {codes.dtype}")
     if fmt.bits < 8 and codes.size and codes.max() >> fmt.bits:
         raise ValueError(f"decode: {int(codes.max())} is not a {fmt.bits}-bit {fmt.name} code")
     return _value_table(fmt)[codes]
+
+
+def _check_format(caller: str, fmt) -> None:
+    if not isinstance(fmt, Format):
+        hint = f"lowp.FORMATS[{fmt!r}]" if isinstance(fmt, str) else "a value of lowp.FORMATS"
+        raise TypeError(f"{caller} takes a lowp.Format ({hint}), got {_short(fmt)}")
+
+
+def _short(value: object, limit: int = 200) -> str:
+    """repr(value) cut to `limit` characters: an error message never echoes a huge input."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

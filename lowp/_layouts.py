@@ -24,6 +24,8 @@ def pack_fp4(codes: np.ndarray) -> np.ndarray:
 def unpack_fp4(packed: np.ndarray) -> np.ndarray:
     """Inverse of `pack_fp4`: one 4-bit code a byte, last axis doubled."""
     packed = np.asarray(packed)
+    if packed.dtype != np.uint8:  # a wider int would unpack to nibbles above 15
+        raise TypeError(f"unpack_fp4 takes uint8 packed codes, got dtype {packed.dtype}")
     if packed.ndim == 0:
         raise ValueError("unpack_fp4 takes packed codes of rank >= 1, got a 0-d array")
     out = np.empty(packed.shape[:-1] + (packed.shape[-1] * 2,), dtype=np.uint8)

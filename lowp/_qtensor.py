@@ -11,6 +11,11 @@ from lowp import _layouts, _schemes
 
 HP_DTYPES = ("float32", "bfloat16", "float16")
 
+# The most an empty tensor's shape may span: the product of its non-zero dims. Work and
+# memory that follow a shape (scale arrays, group loops, a report's buffers) grow with
+# that span though no byte backs it: a 440-byte file claiming [2**40, 0] cost days.
+MAX_EMPTY_SPAN = 2**24
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class QTensor:
@@ -134,6 +139,8 @@ def check_layout(owner: str, scheme, shape, hp_dtype, scale_layout) -> StoredLay
         isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
     ):
         raise ValueError(f"{owner}.shape must be a tuple of non-negative ints, got {shape!r}")
+    if (problem := empty_span_problem(shape)) is not None:
+        raise ValueError(f"{owner}.{problem}")
     scheme.check_shape(shape)
     if hp_dtype not in HP_DTYPES:
         raise ValueError(f"{owner}.hp_dtype must be one of {HP_DTYPES}, got {hp_dtype!r}")
@@ -142,6 +149,24 @@ def check_layout(owner: str, scheme, shape, hp_dtype, scale_layout) -> StoredLay
         scale_shape=stored_scale_shape(scheme, shape, scale_layout),
         scale_format=scheme.scale_format,
         has_global_scale=scheme.family == "nvfp4" and scheme.global_scale,
+    )
+
+
+def empty_span(shape) -> int:
+    """The product of the non-zero dims of an empty shape (0 for a non-empty one)."""
+    if 0 not in shape:
+        return 0
+    return math.prod(n for n in shape if n)
+
+
+def empty_span_problem(shape) -> str | None:
+    """Why `shape` claims more than lowp lets an empty tensor claim, or None."""
+    span = empty_span(shape)
+    if span <= MAX_EMPTY_SPAN:
+        return None
+    return (
+        f"shape {shape} holds no elements but spans {span} along its other dims, over the "
+        f"{MAX_EMPTY_SPAN} an empty tensor may (a corrupt or hostile shape?)"
     )
 
 

@@ -110,10 +110,11 @@ class Recipe:
     @classmethod
     def from_name(cls, name: str) -> "Recipe":
         """The recipe called `name` (spec §8); ValueError naming it if unknown."""
-        if name in _RECIPES:
+        known = isinstance(name, str)  # str first: a list or dict is unhashable for `in`
+        if known and name in _RECIPES:
             return _RECIPES[name]()
         hint = ""
-        if name in _TORCHAO_RECIPE_NAMES:
+        if known and name in _TORCHAO_RECIPE_NAMES:
             hint = f" ({name!r} is torchao's name for {_TORCHAO_RECIPE_NAMES[name]!r})"
         raise ValueError(f"unknown recipe {name!r}{hint}; expected one of {cls.names()}")
 
@@ -221,7 +222,7 @@ class InferenceConfig:
     @classmethod
     def from_name(cls, name: str) -> "InferenceConfig":
         """The preset called `name` (spec §8); ValueError naming it if unknown."""
-        if name not in _PRESETS:
+        if not isinstance(name, str) or name not in _PRESETS:  # str first: a list is unhashable
             raise ValueError(f"unknown inference preset {name!r}; expected one of {cls.names()}")
         weight, activation = _PRESETS[name]
         return cls(weight=weight, activation=activation)

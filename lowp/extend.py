@@ -41,6 +41,9 @@ Stored arrays (spec §5)
                                  scale format its arrays must have.
   codes_shape, stored_scale_shape, blocked_matrix_shape, cublas_blocked_shape
                                  the pieces of that answer, for a frontend's own checks.
+  empty_span_problem(shape)      why an empty shape spans more than lowp lets one claim
+                                 (MAX_EMPTY_SPAN), or None: work that follows a shape
+                                 must not grow with dims no byte backs.
   poisoned_groups(q)             which groups of a QTensor a NaN/Inf poisoned (spec §6).
 
 Arithmetic constants and rules
@@ -73,6 +76,7 @@ from lowp._qtensor import (
     blocked_matrix_shape,
     check_layout,
     codes_shape,
+    empty_span_problem,
     stored_scale_shape,
 )
 from lowp._quantize import EPS, poisoned_groups
@@ -108,6 +112,7 @@ __all__ = [
     "cublas_blocked_shape",
     "describe_small_shape",
     "element_format",
+    "empty_span_problem",
     "expand_groups",
     "from_spec",
     "group_broadcast",

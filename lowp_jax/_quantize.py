@@ -51,6 +51,11 @@ def check_input(x, name: str) -> str:
         raise TypeError(
             f"{name}: lowp_jax.quantize takes a JAX or NumPy array, got {type(x).__name__}"
         )
+    if x.dtype.byteorder == ">":  # else jnp.asarray fails deep inside JAX
+        raise TypeError(
+            f"{name}: a big-endian array ({x.dtype.str}); convert it with "
+            "x.astype(x.dtype.newbyteorder('<'))"
+        )
     if x.dtype == np.float64:
         raise TypeError(
             f"{name}: float64 input is refused (float64 -> float32 -> float8 rounds twice); "

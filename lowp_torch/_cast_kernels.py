@@ -27,12 +27,16 @@ reach; rather than an environment variable because it is scoped and undone on ex
 so a test cannot leak its choice into the next. `"triton"` raises where the Triton
 path cannot run, naming the reason, instead of silently measuring the other path.
 
-The choice is process-wide, not a context variable: a CUDA backward runs in the
-autograd engine's own device thread, which a `contextvars.ContextVar` set by the
-caller does not reach (found on the H200: the backward's casts ignored the block).
-Blocks entered by several threads may exit in any order: the mode is that of the
-most recently entered block still open, so one thread's exit never restores a mode
-another thread's open block had replaced.
+Which block holds in a thread: its own innermost open block, if it has one; else the
+most recently entered block still open in any thread. The fallback is why the choice
+is not a context variable: a CUDA backward runs in the autograd engine's own device
+thread, which opens no block and which a `contextvars.ContextVar` set by the caller
+does not reach (found on the H200: the backward's casts ignored the block). A thread's
+own block wins there, so a thread serving under "torch" is not forced onto Triton by a
+benchmark's "triton" block in another thread. Blocks entered by several threads may
+exit in any order: one thread's exit never restores a mode another thread's open block
+had replaced. (Where several threads hold different blocks while a CUDA backward runs,
+its device thread sees the latest of them.)
 """
 
 import contextlib
@@ -46,9 +50,10 @@ import lowp
 from lowp_torch import _log, _storage
 
 MODES = ("auto", "triton", "torch")
-_MODE = ["auto"]  # the current mode, process-wide (module docstring)
+_MODE = ["auto"]  # the mode of the latest open block of any thread (module docstring)
 _OPEN: list[tuple[object, str]] = []  # (block token, mode) of the open blocks, oldest first
 _OPEN_LOCK = threading.Lock()
+_THREAD = threading.local()  # .modes: the modes of this thread's open blocks, innermost last
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
@@ -74,15 +79,30 @@ def cast_kernels(mode: str):
     if mode not in MODES:
         raise ValueError(f"cast_kernels mode must be one of {MODES}, got {mode!r}")
     token = object()
+    own = _own_modes()
+    own.append(mode)
     with _OPEN_LOCK:
         _OPEN.append((token, mode))
         _MODE[0] = mode
     try:
         yield
     finally:
+        own.pop()
         with _OPEN_LOCK:
             _OPEN[:] = [entry for entry in _OPEN if entry[0] is not token]
             _MODE[0] = _OPEN[-1][1] if _OPEN else "auto"
+
+
+def current_mode() -> str:
+    """The mode in this thread: its own innermost block's, else the latest open block's."""
+    own = _own_modes()
+    return own[-1] if own else _MODE[0]
+
+
+def _own_modes() -> list[str]:
+    if not hasattr(_THREAD, "modes"):
+        _THREAD.modes = []
+    return _THREAD.modes
 
 
 def use_triton(t, scheme, *, rounding, random_bits, seed, offset, check_finite, name) -> bool:
@@ -98,7 +118,7 @@ def use_triton(t, scheme, *, rounding, random_bits, seed, offset, check_finite, 
         # tensors here, so `is_fake`, which it cannot trace, is never reached for them:
         # they take the custom ops.)
         return False
-    mode = _MODE[0]
+    mode = current_mode()
     if mode == "torch":
         _log.debug(f"{name}: quantize on torch ops (cast_kernels('torch'))")
         return False
@@ -171,7 +191,7 @@ def contiguous(t: torch.Tensor) -> torch.Tensor:
     `cast_kernels("triton")` also runs the kernel on CPU tensors under the interpreter."""
     if t.is_contiguous() or t.dim() != 2 or t.element_size() != 1:
         return t.contiguous()
-    mode = _MODE[0]
+    mode = current_mode()
     runs = (t.is_cuda and t.numel() >= _TRANSPOSE_MIN_BYTES) or (
         mode == "triton" and _interpreting()
     )

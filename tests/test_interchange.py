@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import struct
+import zlib
 
 import ml_dtypes
 import numpy as np
@@ -79,12 +80,37 @@ def _write_raw(path, header, data=b"", header_bytes=None):
     return path
 
 
-def _edit_lowp_metadata(path, edit):
+def _rechecksum(header, data):
+    """Recompute the checksums of a lowp_format 3 header after an edit, so that the edit
+    is what load meets (a test of the checksums passes rechecksum=False)."""
+    text = header.get("__metadata__", {}).get("lowp")
+    try:
+        doc = json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        return
+    if not isinstance(doc, dict) or "checksums" not in doc:
+        return
+    if isinstance(doc.get("tensors"), dict):
+        doc["tensors_checksum"] = _interchange._entries_checksum(doc["tensors"])
+    checksums = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        crc = zlib.crc32(f"{info['dtype']}{info['shape']}".encode())
+        checksums[name] = f"crc32:{zlib.crc32(data[begin:end], crc):08x}"
+    doc["checksums"] = checksums
+    header["__metadata__"]["lowp"] = json.dumps(doc)
+
+
+def _edit_lowp_metadata(path, edit, rechecksum=True):
     """Rewrite the file with `edit(lowp_doc)` applied to its lowp metadata."""
     _, header, data = _raw_header(path)
     doc = json.loads(header["__metadata__"]["lowp"])
     edit(doc)
     header["__metadata__"]["lowp"] = json.dumps(doc)
+    if rechecksum:
+        _rechecksum(header, data)
     return _write_raw(path, header, data)
 
 
@@ -95,12 +121,16 @@ def _drop_tensor(path, name):
     for key, info in header.items():
         if key != "__metadata__" and info["data_offsets"][0] >= end:
             info["data_offsets"] = [o - (end - begin) for o in info["data_offsets"]]
-    return _write_raw(path, header, data[:begin] + data[end:])
+    data = data[:begin] + data[end:]
+    _rechecksum(header, data)
+    return _write_raw(path, header, data)
 
 
-def _edit_header(path, edit):
+def _edit_header(path, edit, rechecksum=True):
     _, header, data = _raw_header(path)
     edit(header)
+    if rechecksum:
+        _rechecksum(header, data)
     return _write_raw(path, header, data)
 
 
@@ -187,7 +217,8 @@ def test_plain_arrays_round_trip_with_their_safetensors_dtypes(tmp_path):
 def test_file_layout_follows_safetensors(tmp_path):
     q = lowp.quantize(_input((2, 16)), lowp.NVFP4Scaling())
     path = tmp_path / "layout.safetensors"
-    lowp.save(path, {"z": np.ones(3, np.float32), "a": q, "m": np.zeros((), np.int8)})
+    tensors = {"z": np.ones(3, np.float32), "a": q, "m": np.zeros((), np.int8)}
+    lowp.save(path, tensors, checksums=False)  # the checksums: test_save_writes_checksums...
     n, header, data = _raw_header(path)
     assert n % 8 == 0  # padded with spaces, as safetensors pads
     names = [k for k in header if k != "__metadata__"]
@@ -473,9 +504,10 @@ def q_file(tmp_path):
 
 
 def test_newer_lowp_format_is_refused(q_file):
-    _edit_lowp_metadata(q_file, lambda doc: doc.update(lowp_format=3))
+    newer = _interchange.LOWP_FORMAT + 1
+    _edit_lowp_metadata(q_file, lambda doc: doc.update(lowp_format=newer))
     for read in (lowp.load, lowp.load_activations):
-        with pytest.raises(ValueError, match=r"written by a newer lowp \(lowp_format 3\)"):
+        with pytest.raises(ValueError, match=rf"written by a newer lowp \(lowp_format {newer}\)"):
             read(q_file)
 
 
@@ -592,7 +624,7 @@ def test_plain_tensor_named_like_a_qtensor_is_refused(q_file):
 def test_a_stored_axis_beyond_the_rank_is_refused(tmp_path):
     q = lowp.quantize(np.ones((2, 32), np.float32), lowp.MXScaling())
     path = tmp_path / "w.safetensors"
-    lowp.save(path, {"w": q})
+    lowp.save(path, {"w": q}, checksums=False)  # a checksum would catch the patch first
     raw = path.read_bytes()
     patched = raw.replace(b'\\"axis\\":1', b'\\"axis\\":5')
     assert patched != raw
@@ -626,14 +658,18 @@ def test_activations_round_trip_recorded_none_or_absent(tmp_path):
     for name in tensors:
         _assert_same_qtensor(lowp.load(path)[name], q)
     doc = json.loads(_raw_header(path)[1]["__metadata__"]["lowp"])
-    assert doc["lowp_format"] == 2
+    assert doc["lowp_format"] == 3  # with checksums; without them, 2 (activations)
+    lowp.save(path, {**tensors}, activations=activations, checksums=False)
+    assert json.loads(_raw_header(path)[1]["__metadata__"]["lowp"])["lowp_format"] == 2
     stored = {n: e.get("activation", "absent") for n, e in doc["tensors"].items()}
     assert stored["w1"] == {"kind": "AxisScaling", "fmt": "float8_e4m3fn", "axis": 1, "pow2": False}
     assert stored["w2"] is None and stored[f"w{len(ACTIVATIONS)}"] == "absent"
 
 
 def test_a_file_without_activations_stays_lowp_format_1(q_file, tmp_path):
-    """What older lowp reads: no activation recorded, no new version."""
+    """What older lowp reads: no activation or checksum recorded, no new version."""
+    q = lowp.load(q_file)["w"]
+    lowp.save(q_file, {"w": q}, checksums=False)
     assert json.loads(_raw_header(q_file)[1]["__metadata__"]["lowp"])["lowp_format"] == 1
     assert lowp.load_activations(q_file) == {}
     plain = tmp_path / "plain.safetensors"
@@ -689,6 +725,7 @@ def test_malformed_activation_is_refused_naming_file_and_tensor(
         entry = doc["tensors"]["w"]
         if field == "version":
             doc["lowp_format"] = value
+            del doc["checksums"], doc["tensors_checksum"]
         elif field == "value":
             entry["activation"] = value
         elif value is _DELETE:
@@ -718,3 +755,197 @@ def test_scales_quantize_cannot_write_are_refused():
     with pytest.raises(ValueError, match="global_scale is"):
         dataclasses.replace(nv, global_scale=np.array(-2.0, np.float32))
     dataclasses.replace(q, scale=np.full_like(q.scale, np.nan))  # poisoned groups: fine
+
+
+# --- Hostile files (issue 23): bounded work, clear errors, no stale temporaries ---
+
+
+def test_an_empty_tensor_may_not_claim_a_huge_extent(tmp_path):
+    """A zero-byte tensor of shape [2**40, 0] loaded instantly, then made dequantize or
+    `lowp inspect` work (or allocate) in proportion to the 2**40 it claims."""
+    path = _write_raw(tmp_path / "x.safetensors", {"a": _entry("F32", [2**40, 0], 0, 0)})
+    with pytest.raises(ValueError, match=r"tensor 'a': shape \[1099511627776, 0\] holds no"):
+        lowp.load(path)
+    with pytest.raises(ValueError, match=r"QTensor.shape \(1099511627776, 0\) holds no"):
+        lowp.QTensor(
+            codes=np.zeros((2**40, 0), np.uint8),
+            scale=np.zeros((2**35, 0), np.uint8),
+            global_scale=None,
+            scheme=lowp.MXScaling(axis=0),
+            shape=(2**40, 0),
+            hp_dtype="float32",
+        )
+    np.savez(tmp_path / "x.npz", a=np.empty((2**40, 0), np.float32))
+    with pytest.raises(ValueError, match=r"x\.npz: tensor 'a': shape"):
+        lowp.read_arrays(tmp_path / "x.npz")
+    # What real checkpoints hold stays readable: an empty (0, 4096) and many small ones.
+    fine = {f"e{i}": np.zeros((0, 4096), np.float32) for i in range(100)}
+    lowp.save(tmp_path / "ok.safetensors", fine)
+    assert lowp.load(tmp_path / "ok.safetensors")["e7"].shape == (0, 4096)
+
+
+def test_many_empty_tensors_may_not_claim_a_huge_extent_together(tmp_path):
+    header = {f"t{i}": _entry("U8", [2**20, 0], 0, 0) for i in range(2**10)}
+    path = _write_raw(tmp_path / "x.safetensors", header)
+    with pytest.raises(ValueError, match="empty tensors span .* together"):
+        lowp.load(path)
+
+
+def test_inspect_refuses_an_empty_tensor_of_huge_extent():
+    from lowp_apps import inspection
+
+    schemes = inspection.preset_schemes(["float8_rowwise"])
+    with pytest.raises(ValueError, match=r"tensor 'a': shape \(1099511627776, 0\) holds no"):
+        inspection.inspect_arrays({"a": np.empty((2**40, 0), np.float32)}, schemes)
+
+
+UNCLEAR_HEADERS = {
+    "list dtype": ({"a": _entry(["F32"], [1], 0, 4)}, "tensor 'a': unknown dtype \\['F32'\\]"),
+    "dict dtype": ({"a": _entry({"F32": 1}, [1], 0, 4)}, "tensor 'a': unknown dtype"),
+    "rank 70": ({"a": _entry("U8", [1] * 69 + [0], 0, 0)}, "tensor 'a': rank 70 is over"),
+}
+
+
+@pytest.mark.parametrize(("header", "message"), UNCLEAR_HEADERS.values(), ids=list(UNCLEAR_HEADERS))
+def test_unclear_header_errors_name_the_tensor_and_value(tmp_path, header, message):
+    path = _write_raw(tmp_path / "x.safetensors", header, bytes(4 if "dtype" in message else 0))
+    with pytest.raises(ValueError, match=r"x\.safetensors: " + message):
+        lowp.load(path)
+
+
+@pytest.mark.parametrize("kind", [["MXScaling"], {"MXScaling": 1}])
+def test_a_scheme_kind_that_is_a_list_or_dict_is_named(q_file, kind):
+    # `kind not in SCHEME_FIELDS` raised TypeError: unhashable type.
+    _edit_lowp_metadata(q_file, lambda doc: doc["tensors"]["w"]["scheme"].update(kind=kind))
+    with pytest.raises(ValueError, match="QTensor 'w': unknown scheme kind"):
+        lowp.load(q_file)
+
+
+def test_deeply_nested_json_is_refused_as_invalid(tmp_path, q_file):
+    deep = b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    path = _write_raw(tmp_path / "x.safetensors", None, header_bytes=deep)
+    with pytest.raises(ValueError, match="header is not valid UTF-8 JSON: nested too deeply"):
+        lowp.load(path)
+
+    def edit(header):
+        header["__metadata__"]["lowp"] = "[" * 100_000 + "]" * 100_000
+
+    _edit_header(q_file, edit)
+    with pytest.raises(ValueError, match="the 'lowp' metadata is not valid JSON: nested too"):
+        lowp.load(q_file)
+
+
+def test_a_file_that_shrinks_while_read_is_refused(good_file, monkeypatch):
+    """A writer truncating the file between the size check and the reads (struct.error)."""
+    real_fstat = os.fstat
+
+    def larger(fd):
+        result = real_fstat(fd)
+        return os.stat_result((*result[:6], 1 << 20, *result[7:]))
+
+    for keep in (3, 12):
+        good_file.write_bytes(good_file.read_bytes()[:keep])
+        monkeypatch.setattr(_interchange.os, "fstat", larger)
+        with pytest.raises(ValueError, match="good.safetensors: the file ended early"):
+            lowp.load(good_file)
+        monkeypatch.setattr(_interchange.os, "fstat", real_fstat)
+
+
+def test_a_directory_is_named_as_one(tmp_path):
+    folder = tmp_path / "d.safetensors"
+    folder.mkdir()
+    with pytest.raises(ValueError, match=r"d\.safetensors: a directory, not a safetensors file"):
+        lowp.load(folder)
+    with pytest.raises(ValueError, match=r"d\.safetensors: a directory"):
+        lowp.load_activations(folder)
+
+
+def test_errors_cut_hostile_strings(q_file, tmp_path):
+    """A 30 MB field name gave a 30 MB message; a message now stays short."""
+    huge = "x" * 1_000_000
+    _edit_lowp_metadata(q_file, lambda doc: doc["tensors"]["w"].update({huge: 1}))
+    with pytest.raises(ValueError, match="unknown field 'xxx") as err:
+        lowp.load(q_file)
+    assert len(str(err.value)) < 1000
+    path = _write_raw(tmp_path / "x.safetensors", {huge: _entry("C64", [1], 0, 8)}, bytes(8))
+    with pytest.raises(ValueError, match="unknown dtype 'C64'") as err:
+        lowp.load(path)
+    assert len(str(err.value)) < 1000
+
+
+def test_save_removes_stale_temporaries_of_its_target(tmp_path):
+    """A writer killed inside `save` left `.x.safetensors.<hex>.tmp` (400 MB in the issue's
+    reproducer); the next save of that target removes it, and leaves a live writer's."""
+    path = tmp_path / "x.safetensors"
+    stale = tmp_path / f".x.safetensors.{'0' * 32}.tmp"
+    stale.write_bytes(b"half a file")
+    os.utime(stale, (0, 0))
+    other_target = tmp_path / f".y.safetensors.{'1' * 32}.tmp"
+    other_target.write_bytes(b"another file's")
+    os.utime(other_target, (0, 0))
+    fcntl = pytest.importorskip("fcntl")
+    live = tmp_path / f".x.safetensors.{'2' * 32}.tmp"
+    with open(live, "wb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a writer still inside save holds its own
+        os.utime(live, (0, 0))
+        lowp.save(path, {"a": np.ones(2, np.float32)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["x.safetensors", other_target.name, live.name]
+    )
+
+
+# --- Checksums (lowp_format 3) ---
+
+
+def _flip_data_byte(path, offset_from_end=1):
+    raw = bytearray(path.read_bytes())
+    raw[-offset_from_end] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+def test_a_changed_data_byte_is_refused_naming_the_tensor(q_file):
+    """Safetensors has no checksum: a flipped data byte loaded as other data."""
+    _flip_data_byte(q_file)  # the last byte: of w.scale, sorted after w.codes
+    with pytest.raises(
+        ValueError, match=r"q\.safetensors: tensor 'w\.scale': its bytes.*changed since"
+    ):
+        lowp.load(q_file)
+    assert lowp.load(q_file, verify=False)["w"].shape == (4, 64)  # the flag skips the check
+
+
+def test_a_changed_plain_tensor_or_header_field_is_refused(tmp_path):
+    path = tmp_path / "x.safetensors"
+    lowp.save(path, {"a": np.arange(8, dtype=np.float32), "b": np.ones((2, 4), np.int8)})
+    _edit_header(path, lambda header: header["b"].update(shape=[4, 2]), rechecksum=False)
+    with pytest.raises(
+        ValueError, match="tensor 'b': its bytes, dtype or shape changed since it was saved"
+    ):
+        lowp.load(path)
+    q = lowp.quantize(_input((4, 64)), lowp.MXScaling())
+    lowp.save(path, {"w": q})
+    edit = lambda doc: doc["tensors"]["w"].update(hp_dtype="float16")  # noqa: E731
+    _edit_lowp_metadata(path, edit, rechecksum=False)
+    with pytest.raises(ValueError, match="the 'lowp' metadata's tensors changed since"):
+        lowp.load(path)
+
+
+def test_checksums_are_complete_and_well_formed(q_file):
+    _edit_lowp_metadata(q_file, lambda doc: doc["checksums"].pop("w.codes"), rechecksum=False)
+    with pytest.raises(ValueError, match="tensor 'w.codes' has no checksum"):
+        lowp.load(q_file)
+    edit = lambda doc: doc["checksums"].update({"w.codes": "md5:00"})  # noqa: E731
+    _edit_lowp_metadata(q_file, edit, rechecksum=False)
+    with pytest.raises(ValueError, match=r"checksum of 'w.codes' must be 'crc32:' and 8 hex"):
+        lowp.load(q_file)
+
+
+def test_save_writes_checksums_in_lowp_format_3_and_older_files_still_load(tmp_path):
+    q = lowp.quantize(_input((4, 64)), lowp.MXScaling())
+    new, old = tmp_path / "new.safetensors", tmp_path / "old.safetensors"
+    lowp.save(new, {"w": q, "b": np.ones(3, np.float32)})
+    doc = json.loads(_raw_header(new)[1]["__metadata__"]["lowp"])
+    assert doc["lowp_format"] == 3 and sorted(doc["checksums"]) == ["b", "w.codes", "w.scale"]
+    lowp.save(old, {"w": q, "b": np.ones(3, np.float32)}, checksums=False)
+    assert json.loads(_raw_header(old)[1]["__metadata__"]["lowp"])["lowp_format"] == 1
+    for path in (new, old):
+        _assert_same_qtensor(lowp.load(path)["w"], q)

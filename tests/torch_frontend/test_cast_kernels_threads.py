@@ -1,0 +1,94 @@
+"""cast_kernels across threads (issue 23 item 3): a thread's own block wins in that thread,
+and a thread without one (the autograd engine's device thread) sees the open blocks' mode."""
+
+import threading
+
+import pytest
+import torch
+
+import lowp
+import lowp_torch
+from lowp_torch import _cast_kernels
+
+
+def _in_threads(*targets):
+    threads = [threading.Thread(target=t) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_a_threads_own_block_wins_over_a_later_block_of_another_thread():
+    """B opens "torch", then A opens "triton" and holds it: B's CPU quantize stays on torch
+    ops (it raised "cast_kernels('triton') cannot run: the input is on cpu" before)."""
+    b_open, a_open, b_done = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def thread_a():
+        b_open.wait(10)
+        with lowp_torch.cast_kernels("triton"):
+            a_open.set()
+            b_done.wait(10)
+
+    def thread_b():
+        with lowp_torch.cast_kernels("torch"):
+            b_open.set()
+            a_open.wait(10)
+            try:
+                q = lowp_torch.quantize(torch.ones(64), lowp.MXScaling(), name="b")
+                seen["b codes"] = q.codes.view(torch.uint8).tolist()
+            except ValueError as e:
+                seen["b codes"] = str(e)
+            finally:
+                b_done.set()
+
+    _in_threads(thread_a, thread_b)
+    expected = lowp.quantize(torch.ones(64).numpy(), lowp.MXScaling()).codes.tolist()
+    assert seen["b codes"] == expected
+
+
+def test_a_thread_without_a_block_sees_the_latest_open_one():
+    """The autograd engine's device thread opens no block: it must see the mode of the
+    block the forward ran in (the reason the mode is not a context variable); a thread
+    with a block of its own sees its own."""
+    seen = []
+
+    def mode_here():
+        x = torch.ones(64, requires_grad=True)
+        seen.append(_cast_kernels.current_mode())
+        x.sum().backward()  # a thread of its own may run autograd too
+
+    def own_block():
+        with lowp_torch.cast_kernels("auto"):
+            mode_here()
+
+    with lowp_torch.cast_kernels("torch"):
+        _in_threads(mode_here)
+        with lowp_torch.cast_kernels("triton"):
+            _in_threads(mode_here, own_block)
+    _in_threads(mode_here)
+    assert seen[0] == "torch" and sorted(seen[1:3]) == ["auto", "triton"] and seen[3] == "auto"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the device thread needs CUDA")
+def test_a_cuda_backward_quantizes_in_the_forwards_mode(monkeypatch):
+    """On CUDA the backward's casts run in autograd's device thread, which opens no block:
+    under "torch" every cast, forward and backward, stays on torch ops."""
+    calls = []
+    use_triton = _cast_kernels.use_triton
+
+    def recording(*args, **kwargs):
+        took = use_triton(*args, **kwargs)
+        calls.append((threading.get_ident(), _cast_kernels.current_mode(), took))
+        return took
+
+    monkeypatch.setattr(_cast_kernels, "use_triton", recording)
+    layer = lowp_torch.Linear(256, 256, recipe="float8_rowwise", device="cuda")
+    x = torch.randn(256, 256, device="cuda", requires_grad=True)
+    with lowp_torch.cast_kernels("torch"):
+        layer(x).sum().backward()
+    here = threading.get_ident()
+    assert any(thread != here for thread, _, _ in calls), "no cast ran in the device thread"
+    assert all(mode == "torch" and not took for _, mode, took in calls)
