@@ -118,6 +118,11 @@ def save(
 def load(path: str | os.PathLike) -> dict[str, "_qtensor.QTensor | np.ndarray"]:
     """Read a safetensors file written by `save` (or by anything else) into memory.
 
+    A checkpoint directory (config.json + safetensors shards) or a file of another tool's
+    checkpoint dialect (HF fp8, compressed-tensors, ModelOpt, gpt-oss) is read by
+    `lowp.checkpoints.load_checkpoint`: its quantized tensors come back as QTensors whose
+    `origin` names the dialect (docs/checkpoints.md).
+
     A file without lowp's metadata loads as plain arrays (a Hugging Face checkpoint, say).
     With it, each QTensor entry is rebuilt from its `.codes`/`.scale`/`.global_scale`
     tensors. The file stores the scheme's axis non-negative (spec §9); it comes back
@@ -131,6 +136,10 @@ def load(path: str | os.PathLike) -> dict[str, "_qtensor.QTensor | np.ndarray"]:
       ValueError: naming the file and the problem, for a corrupt container, a file from a
         newer lowp, or a QTensor entry that is malformed or disagrees with its arrays.
     """
+    from lowp import checkpoints  # another tool's checkpoint (a directory, a foreign file)
+
+    if checkpoints.is_checkpoint(path):
+        return checkpoints.load_checkpoint(path)
     arrays, metadata = _read_safetensors(path)
     if METADATA_KEY not in metadata:
         return dict(arrays)
