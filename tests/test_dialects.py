@@ -395,3 +395,36 @@ def test_an_unknown_quant_method_is_refused_naming_it(tmp_path):
     )
     with pytest.raises(ValueError, match="'gptq'"):
         lowp.load(directory)
+
+
+# --- Producer scale rules ---
+
+
+@pytest.mark.parametrize("case", [*sorted(_CT_FP8), "nvfp4"])
+@pytest.mark.parametrize("hp", ["bfloat16", "float32"])
+def test_quantize_like_compressed_tensors_gives_its_compressor_bytes(tmp_path, case, hp):
+    if case == "nvfp4":
+        args, shape, scheme = _ct_args("nvfp4"), (64, 256), lowp.NVFP4Scaling()
+    else:
+        fields, shape = _CT_FP8[case]
+        args = _ct_args(case.split("-")[0], **fields)
+        scheme = {
+            "tensor": lowp.TensorScaling(),
+            "channel": lowp.AxisScaling(axis=-1),
+            "group": lowp.GroupScaling(block=32),
+        }.get(case.split("-")[0], lowp.BlockScaling(block=(128, 128)))
+    weight = _weights(shape, seed=5, dtype=getattr(torch, hp))
+    _, stored, _ = _ct_checkpoint(tmp_path, args, weight)
+
+    q = checkpoints.quantize_like(_numpy(weight), scheme, "compressed-tensors")
+    if case == "nvfp4":
+        np.testing.assert_array_equal(q.codes, stored["weight_packed"].numpy())
+        np.testing.assert_array_equal(q.scale, _bits(stored["weight_scale"]))
+        np.testing.assert_array_equal(
+            q.origin.stored_global_scale, stored["weight_global_scale"].numpy()
+        )
+    else:
+        np.testing.assert_array_equal(q.codes, _bits(stored["weight"]))
+        np.testing.assert_array_equal(
+            q.scale.reshape(-1), stored["weight_scale"].float().numpy().reshape(-1)
+        )

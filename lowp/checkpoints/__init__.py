@@ -14,6 +14,7 @@ arithmetic (`producer_dequantize`), bit for bit.
 
 from lowp.checkpoints._dequantize import producer_dequantize
 from lowp.checkpoints._origin import DIALECTS, Origin
+from lowp.checkpoints._producer_rules import quantize_like
 from lowp.checkpoints._read import detect, is_checkpoint, load_checkpoint
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "is_checkpoint",
     "load_checkpoint",
     "producer_dequantize",
+    "quantize_like",
 ]
