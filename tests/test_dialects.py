@@ -428,3 +428,57 @@ def test_quantize_like_compressed_tensors_gives_its_compressor_bytes(tmp_path, c
         np.testing.assert_array_equal(
             q.scale.reshape(-1), stored["weight_scale"].float().numpy().reshape(-1)
         )
+
+
+# --- Writers ---
+
+
+@pytest.mark.parametrize("case", ["channel", "nvfp4", "block"])
+def test_a_compressed_tensors_file_is_written_back_byte_for_byte(tmp_path, case):
+    fields, shape = _CT_FP8.get(case, ({}, (64, 256)))
+    args = _ct_args(case, **fields) if case != "nvfp4" else _ct_args("nvfp4")
+    path, _, _ = _ct_checkpoint(tmp_path, args, _weights(shape))
+    loaded = lowp.load(path)
+    checkpoints.save_checkpoint(tmp_path / "again", loaded, "compressed-tensors")
+    theirs = safetensors_torch.load_file(str(path / "model.safetensors"))
+    ours = safetensors_torch.load_file(str(tmp_path / "again" / "model.safetensors"))
+    assert sorted(theirs) == sorted(ours)
+    for name in theirs:
+        assert theirs[name].dtype == ours[name].dtype, name
+        np.testing.assert_array_equal(_bits(ours[name]), _bits(theirs[name]))
+
+
+@pytest.mark.parametrize(
+    "scheme",
+    [
+        lowp.GroupScaling(block=32),
+        lowp.AxisScaling(axis=-1),
+        lowp.BlockScaling(block=(128, 128)),
+        lowp.NVFP4Scaling(),
+    ],
+)
+def test_lowp_quantized_weights_written_as_compressed_tensors_decompress_to_lowp_values(
+    tmp_path, scheme
+):
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
+    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
+    from compressed_tensors.quantization import QuantizationConfig
+
+    w = _numpy(_weights((128, 256), seed=6, dtype=torch.float32))
+    q = lowp.quantize(w, scheme)
+    checkpoints.save_checkpoint(tmp_path / "ct", {"fc.weight": q}, "compressed-tensors")
+    config = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
+    quant_scheme = QuantizationConfig.model_validate(config).config_groups["group_0"]
+    stored = safetensors_torch.load_file(str(tmp_path / "ct" / "model.safetensors"))
+    local = {k.removeprefix("fc."): v for k, v in stored.items()}
+    nvfp4 = isinstance(scheme, lowp.NVFP4Scaling)
+    compressor = NVFP4PackedCompressor if nvfp4 else FloatQuantizationCompressor
+    theirs = compressor.decompress(local, quant_scheme)["weight"].float().numpy()
+    ours = lowp.dequantize(q)
+    if nvfp4:  # the loader divides by 1 / s_dec and returns bfloat16: within a bf16 ulp
+        ours_bf16 = ours.astype(ml_dtypes.bfloat16).astype(np.float32)
+        np.testing.assert_allclose(theirs, ours_bf16, rtol=2**-7, atol=0)
+        assert (theirs == ours_bf16).mean() > 0.99
+    else:
+        np.testing.assert_array_equal(theirs, ours)

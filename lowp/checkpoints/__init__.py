@@ -16,6 +16,7 @@ from lowp.checkpoints._dequantize import producer_dequantize
 from lowp.checkpoints._origin import DIALECTS, Origin
 from lowp.checkpoints._producer_rules import quantize_like
 from lowp.checkpoints._read import detect, is_checkpoint, load_checkpoint
+from lowp.checkpoints._write import save_checkpoint
 
 __all__ = [
     "DIALECTS",
@@ -25,4 +26,5 @@ __all__ = [
     "load_checkpoint",
     "producer_dequantize",
     "quantize_like",
+    "save_checkpoint",
 ]
