@@ -5,6 +5,7 @@ This package is the backend-neutral core and the NumPy reference implementation.
 
 from importlib import metadata as _metadata
 
+from lowp import checkpoints
 from lowp._formats import ELEMENT_FORMATS, FORMATS, SCALE_FORMATS, Format, decode, encode
 from lowp._interchange import load, load_activations, read_arrays, save
 from lowp._layouts import from_cublas_blocked, pack_fp4, to_cublas_blocked, unpack_fp4
@@ -58,6 +59,7 @@ __all__ = [
     "Recipe",
     "Scheme",
     "TensorScaling",
+    "checkpoints",
     "decode",
     "dequantize",
     "encode",

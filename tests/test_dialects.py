@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import lowp
-from lowp import checkpoints
+from lowp import checkpoints, extend
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -482,3 +482,82 @@ def test_lowp_quantized_weights_written_as_compressed_tensors_decompress_to_lowp
         assert (theirs == ours_bf16).mean() > 0.99
     else:
         np.testing.assert_array_equal(theirs, ours)
+
+
+# --- Every backend ---
+
+
+def _loaded_examples(tmp_path):
+    """One loaded QTensor of each dialect and kind, with its NumPy dequantization."""
+    out = {}
+    for case in ("group", "nvfp4"):
+        fields, shape = _CT_FP8.get(case, ({}, (64, 256)))
+        args = _ct_args(case, **fields) if case != "nvfp4" else _ct_args("nvfp4")
+        (tmp_path / case).mkdir()
+        path, _, _ = _ct_checkpoint(tmp_path / case, args, _weights(shape))
+        out[f"ct-{case}"] = lowp.load(path)["layers.0.proj.weight"]
+    blocks = np.random.default_rng(7).integers(0, 256, (4, 3, 16), dtype=np.uint8)
+    scales = np.array([[0, 127, 140], [120, 126, 255], [1, 2, 3], [130, 131, 132]], np.uint8)
+    path = tmp_path / "e.safetensors"
+    safetensors_torch.save_file(
+        {"e.down_blocks": torch.from_numpy(blocks), "e.down_scales": torch.from_numpy(scales)},
+        str(path),
+    )
+    out["gpt-oss"] = lowp.load(path)["e.down"]
+    return out
+
+
+def test_torch_and_jax_dequantize_checkpoint_tensors_as_numpy_does(tmp_path):
+    import lowp_torch
+
+    jnp = pytest.importorskip("jax.numpy")
+    import lowp_jax
+
+    for name, q in _loaded_examples(tmp_path).items():
+        reference = lowp.dequantize(q)
+        # gpt-oss's byte 255 is Inf and 0 * Inf a NaN, whose payload each library picks
+        nan = np.isnan(reference.astype(np.float32))
+        assert name != "gpt-oss" or nan.any()
+        torch_out = _numpy(lowp_torch.dequantize_checkpoint(q))
+        assert torch_out.dtype == reference.dtype
+        np.testing.assert_array_equal(np.isnan(torch_out.astype(np.float32)), nan, err_msg=name)
+        np.testing.assert_array_equal(_bits(torch_out)[~nan], _bits(reference)[~nan], err_msg=name)
+        # XLA on CPU flushes subnormal operands and results (lowp_jax/_exact.py): a
+        # multiplier or product below 2**-126 (gpt-oss's scale bytes 0..3 here) gives 0
+        jax_out = np.asarray(lowp_jax.dequantize_checkpoint(q))
+        assert jax_out.dtype == reference.dtype and jnp is not None
+        multiplier = extend.expand_groups(extend.producer_plan(q).multiplier, q.scheme, q.shape)
+        tiny = (np.abs(reference.astype(np.float32)) < 2.0**-126) | (multiplier < 2.0**-126)
+        np.testing.assert_array_equal(np.isnan(jax_out.astype(np.float32)), nan, err_msg=name)
+        same = ~nan & ~tiny
+        np.testing.assert_array_equal(_bits(jax_out)[same], _bits(reference)[same], err_msg=name)
+        assert (jax_out.astype(np.float32)[tiny] == 0).all()
+        assert name != "gpt-oss" or tiny.any()
+
+
+def test_load_quantized_takes_a_checkpoint_directory_into_torch_and_jax(tmp_path):
+    import lowp_torch
+
+    w = _numpy(_weights((32, 64), seed=8, dtype=torch.float32))
+    q = lowp.quantize(w, lowp.AxisScaling(axis=-1))
+    bias = np.arange(32, dtype=np.float32)
+    checkpoints.save_checkpoint(
+        tmp_path / "ct", {"fc.weight": q, "fc.bias": bias}, "compressed-tensors"
+    )
+    loaded = lowp.load(tmp_path / "ct")["fc.weight"]
+
+    model = torch.nn.Sequential()
+    model.add_module("fc", torch.nn.Linear(64, 32))
+    lowp_torch.load_quantized(model, tmp_path / "ct")
+    weight = lowp_torch.dequantize(model.fc.weight)
+    np.testing.assert_array_equal(weight.numpy(), lowp.dequantize(loaded))
+    np.testing.assert_array_equal(model.fc.bias.detach().numpy(), bias)
+
+    pytest.importorskip("jax")
+    import lowp_jax
+
+    like = {"fc": {"kernel": np.zeros((64, 32), np.float32), "bias": np.zeros(32, np.float32)}}
+    names = {("fc", "kernel"): "fc.weight", ("fc", "bias"): "fc.bias"}
+    params = lowp_jax.load_quantized(tmp_path / "ct", like, names=lambda path: names[tuple(path)])
+    kernel = params["fc"]["kernel"]  # a QArray keeps the file's (out, in)
+    np.testing.assert_array_equal(np.asarray(lowp_jax.dequantize(kernel)), lowp.dequantize(loaded))

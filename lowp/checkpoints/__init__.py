@@ -12,7 +12,7 @@ through `load_checkpoint`; each quantized tensor comes back a `lowp.QTensor` who
 arithmetic (`producer_dequantize`), bit for bit.
 """
 
-from lowp.checkpoints._dequantize import producer_dequantize
+from lowp.checkpoints._dequantize import ProducerPlan, producer_dequantize, producer_plan
 from lowp.checkpoints._origin import DIALECTS, Origin
 from lowp.checkpoints._producer_rules import quantize_like
 from lowp.checkpoints._read import detect, is_checkpoint, load_checkpoint
@@ -21,10 +21,12 @@ from lowp.checkpoints._write import save_checkpoint
 __all__ = [
     "DIALECTS",
     "Origin",
+    "ProducerPlan",
     "detect",
     "is_checkpoint",
     "load_checkpoint",
     "producer_dequantize",
+    "producer_plan",
     "quantize_like",
     "save_checkpoint",
 ]

@@ -15,7 +15,13 @@ each step rounds to and in the order of the steps:
 RN32 is one float32 rounding, RN_x one rounding to x. Nothing is flushed to zero (the
 producers run IEEE arithmetic), and a NaN or Inf scale propagates as the producer's does:
 lowp's poisoned-group rule (spec §6) is lowp's own files' convention, not theirs.
+
+Every rule has one shape, which `producer_plan` gives and every backend runs:
+`RN_out(RN_mid(table[code] * m))`, with the per-group float32 multiplier m, the value
+table of the element codes and the dtypes computed here, once, on scale-sized arrays.
 """
+
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -30,8 +36,25 @@ _OUT_DTYPES = {
 }
 
 
-def producer_dequantize(q: _qtensor.QTensor, out_dtype: str | None = None) -> np.ndarray:
-    """The values the producer of `q`'s file dequantizes it to, bit for bit.
+class ProducerPlan(NamedTuple):
+    """A producer's dequantization as `RN_out(RN_mid(table[code] * multiplier))`.
+
+    Attributes:
+      table: float32 value of each element code (256 for float8, 16 for float4), with
+        the producer's sign of zero.
+      multiplier: float32, the plain scale shape: what each group's codes multiply by.
+      mid_dtype: the dtype the product rounds to first ("float32", or the scale dtype).
+      out_dtype: the dtype returned.
+    """
+
+    table: np.ndarray
+    multiplier: np.ndarray
+    mid_dtype: str
+    out_dtype: str
+
+
+def producer_plan(q: _qtensor.QTensor, out_dtype: str | None = None) -> ProducerPlan:
+    """The plan of `q`'s producer's dequantization (module docstring; docs/checkpoints.md).
 
     Args:
       q: a QTensor read from a checkpoint dialect (its `origin` set).
@@ -40,49 +63,52 @@ def producer_dequantize(q: _qtensor.QTensor, out_dtype: str | None = None) -> np
     """
     origin = q.origin
     if not isinstance(origin, _origin.Origin):
-        raise TypeError(f"producer_dequantize needs a QTensor read from a checkpoint, got {q!r}")
+        raise TypeError(f"producer_plan needs a QTensor read from a checkpoint, got {q!r}")
     out_dtype = origin.out_dtype if out_dtype is None else out_dtype
     if out_dtype not in _OUT_DTYPES:
         raise ValueError(
             f"out_dtype must be one of {tuple(_OUT_DTYPES)} or None, got {out_dtype!r}"
         )
-    out = _OUT_DTYPES[out_dtype]
     q = q.with_scale_layout("plain")
-    values = _element_values(q)
-    family, dialect = q.scheme.family, origin.dialect
+    fmt = _formats.element_format(q.scheme.fmt)
+    table = _formats.decode(
+        np.arange(2 ** (1 + fmt.ebits + fmt.mbits), dtype=np.uint8), fmt
+    ).astype(np.float32)
+    family, dialect, mid = q.scheme.family, origin.dialect, "float32"
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         if family == "float":
-            scale = q.scale
+            multiplier = q.scale.astype(np.float32)
             if dialect == _origin.MODELOPT:  # the scale is cast to the output dtype first
-                scale = scale.astype(out).astype(np.float32)
-            product = np.multiply(values, _expand(scale, q), dtype=np.float32)
+                multiplier = multiplier.astype(_OUT_DTYPES[out_dtype]).astype(np.float32)
             if dialect == _origin.COMPRESSED_TENSORS:  # the product is in the scale dtype
-                product = product.astype(_OUT_DTYPES[origin.scale_dtype])
-            return product.astype(out)
-        if family == "nvfp4":
+                mid = origin.scale_dtype
+        elif family == "nvfp4":
             if dialect == _origin.MODELOPT:  # its e2m1 table reads code 8 as +0, not -0
-                values = np.where(values == 0, np.float32(0), values)
+                table = np.where(table == 0, np.float32(0), table)
             block = _formats.decode(q.scale, _formats.FLOAT8_E4M3FN)
             if dialect == _origin.COMPRESSED_TENSORS:
                 encode = np.float32(np.asarray(origin.stored_global_scale).reshape(-1)[0])
-                per_block = np.divide(block, encode, dtype=np.float32)
+                multiplier = np.divide(block, encode, dtype=np.float32)
             else:
                 decode = np.float32(1) if q.global_scale is None else q.global_scale
-                per_block = np.multiply(block, decode, dtype=np.float32)
-            return np.multiply(values, _expand(per_block, q), dtype=np.float32).astype(out)
-        if family == "mx":
+                multiplier = np.multiply(block, decode, dtype=np.float32)
+        elif family == "mx":
             # ldexp's 2**(e - 127) in float32: e = 0 is a subnormal, e = 255 is 2**128 = Inf.
             exponent = q.scale.astype(np.int32) - 127
-            power = np.ldexp(np.float32(1), exponent).astype(np.float32)
-            return np.multiply(values, _expand(power, q), dtype=np.float32).astype(out)
-    raise TypeError(f"no producer dequantization for {q.scheme} from {dialect}")
+            multiplier = np.ldexp(np.float32(1), exponent).astype(np.float32)
+        else:
+            raise TypeError(f"no producer dequantization for {q.scheme} from {dialect}")
+    return ProducerPlan(table, np.asarray(multiplier, np.float32), mid, out_dtype)
 
 
-def _element_values(q: _qtensor.QTensor) -> np.ndarray:
-    fmt = _formats.element_format(q.scheme.fmt)
-    codes = _layouts.unpack_fp4(q.codes) if fmt.name == "float4_e2m1fn" else q.codes
-    return _formats.decode(codes, fmt)
+def producer_dequantize(q: _qtensor.QTensor, out_dtype: str | None = None) -> np.ndarray:
+    """The values the producer of `q`'s file dequantizes it to, bit for bit (NumPy).
 
-
-def _expand(scale: np.ndarray, q: _qtensor.QTensor) -> np.ndarray:
-    return _groups.expand(np.asarray(scale, np.float32), q.scheme, q.shape)
+    Args: as `producer_plan`.
+    """
+    plan = producer_plan(q, out_dtype)
+    codes = _layouts.unpack_fp4(q.codes) if q.scheme.fmt == "float4_e2m1fn" else q.codes
+    multiplier = _groups.expand(plan.multiplier, q.scheme, q.shape)
+    with np.errstate(over="ignore", invalid="ignore"):
+        product = np.multiply(plan.table[codes], multiplier, dtype=np.float32)
+        return product.astype(_OUT_DTYPES[plan.mid_dtype]).astype(_OUT_DTYPES[plan.out_dtype])
