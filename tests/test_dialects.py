@@ -183,6 +183,7 @@ def test_compressed_tensors_nvfp4_reads_the_encode_global_scale_and_divides_as_i
 # --- ModelOpt ---
 
 
+@pytest.mark.slow  # importing modelopt takes ~20 s of CPU
 def test_modelopt_nvfp4_and_fp8_read_and_dequantize_as_its_qtensors(tmp_path):
     pytest.importorskip("modelopt")
     from modelopt.torch.quantization.qtensor.fp8_tensor import FP8QTensor

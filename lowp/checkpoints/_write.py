@@ -168,7 +168,11 @@ def _store_modelopt(name, q):
 
 def _store_gpt_oss(name, q):
     scheme = q.scheme
-    if scheme != _schemes.MXScaling(fmt="float4_e2m1fn", block=32, mode=scheme.mode):
+    mxfp4 = isinstance(scheme, _schemes.MXScaling) and (scheme.fmt, scheme.block) == (
+        "float4_e2m1fn",
+        32,
+    )
+    if not mxfp4:
         raise ValueError(
             "gpt-oss stores MXScaling(fmt='float4_e2m1fn', block=32) along the last axis"
         )

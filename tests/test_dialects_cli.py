@@ -1,0 +1,81 @@
+"""`lowp convert` and the dialect lines of `lowp inspect` (NumPy only)."""
+
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import lowp
+from lowp_apps import cli
+
+
+@pytest.fixture
+def float_file(tmp_path):
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((64, 128)) * 0.05).astype(ml_dtypes.bfloat16)
+    path = tmp_path / "float.safetensors"
+    lowp.save(path, {"fc.weight": w, "fc.bias": np.zeros(64, np.float32)})
+    return path, w
+
+
+def test_convert_quantizes_with_the_producer_rule_and_inspect_names_the_dialect(
+    tmp_path, float_file, capsys
+):
+    src, w = float_file
+    dst = tmp_path / "ct"
+    assert (
+        cli.main(
+            ["convert", str(src), str(dst), "--to", "compressed-tensors", "--quantize", "axis"]
+        )
+        == 0
+    )
+    config = json.loads((dst / "config.json").read_text())["quantization_config"]
+    assert config["config_groups"]["group_0"]["weights"]["strategy"] == "channel"
+    q = lowp.load(dst)["fc.weight"]
+    expected = lowp.checkpoints.quantize_like(w, lowp.AxisScaling(axis=-1), "compressed-tensors")
+    np.testing.assert_array_equal(q.codes, expected.codes)
+    np.testing.assert_array_equal(q.scale, expected.scale)
+
+    capsys.readouterr()
+    assert cli.main(["inspect", str(dst), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "fc.weight: compressed-tensors, axis:" in out
+    assert "producer rule gives the bytes back: yes" in out
+
+
+@pytest.mark.parametrize("target", ["hf-fp8", "modelopt", "lowp"])
+def test_convert_between_dialects_keeps_the_bytes(tmp_path, float_file, target):
+    src, _ = float_file
+    scheme = "block:block=128x128" if target == "hf-fp8" else "tensor"
+    assert (
+        cli.main(
+            [
+                "convert",
+                str(src),
+                str(tmp_path / "ct"),
+                "--to",
+                "compressed-tensors",
+                "--quantize",
+                scheme,
+            ]
+        )
+        == 0
+    )
+    dst = tmp_path / ("out.safetensors" if target == "lowp" else "out")
+    assert cli.main(["convert", str(tmp_path / "ct"), str(dst), "--to", target]) == 0
+    before, after = lowp.load(tmp_path / "ct")["fc.weight"], lowp.load(dst)["fc.weight"]
+    np.testing.assert_array_equal(after.codes, before.codes)
+    np.testing.assert_array_equal(after.scale, before.scale)
+    assert after.scheme == before.scheme
+
+
+def test_convert_refuses_a_scheme_the_dialect_cannot_store(tmp_path, float_file, capsys):
+    src, _ = float_file
+    assert (
+        cli.main(
+            ["convert", str(src), str(tmp_path / "g"), "--to", "gpt-oss", "--quantize", "tensor"]
+        )
+        == 2
+    )
+    assert "'fc.weight'" in capsys.readouterr().err
