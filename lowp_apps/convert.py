@@ -61,9 +61,10 @@ def _maybe_quantize(name: str, x, scheme, target: str):
 
 def requantizes(q: "lowp.QTensor") -> bool | None:
     """Whether the producer's scale rule, run on the dequantized values, gives `q`'s
-    stored bytes back; None where lowp has no rule for the dialect or scheme."""
+    stored bytes back; None where lowp has no rule for the dialect or scheme
+    (compressed-tensors: fp8 and nvfp4; ModelOpt: nvfp4)."""
     origin = q.origin
-    if origin is None or origin.dialect != "compressed-tensors":
+    if origin is None or origin.dialect not in ("compressed-tensors", "modelopt"):
         return None
     try:
         again = lowp.checkpoints.quantize_like(
@@ -72,6 +73,7 @@ def requantizes(q: "lowp.QTensor") -> bool | None:
     except (TypeError, ValueError):
         return None
     same = np.array_equal(again.codes, q.codes) and np.array_equal(again.scale, q.scale)
+    same = same and np.array_equal(again.global_scale, q.global_scale, equal_nan=False)
     if origin.stored_global_scale is not None:
         same = same and np.array_equal(again.origin.stored_global_scale, origin.stored_global_scale)
     return bool(same)

@@ -562,3 +562,18 @@ def test_load_quantized_takes_a_checkpoint_directory_into_torch_and_jax(tmp_path
     params = lowp_jax.load_quantized(tmp_path / "ct", like, names=lambda path: names[tuple(path)])
     kernel = params["fc"]["kernel"]  # a QArray keeps the file's (out, in)
     np.testing.assert_array_equal(np.asarray(lowp_jax.dequantize(kernel)), lowp.dequantize(loaded))
+
+
+@pytest.mark.slow  # importing modelopt takes ~20 s of CPU
+@pytest.mark.parametrize("hp", ["bfloat16", "float32"])
+def test_quantize_like_modelopt_nvfp4_gives_its_quantizer_bytes(hp):
+    pytest.importorskip("modelopt")
+    from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+
+    weight = _weights((64, 256), seed=9, dtype=getattr(torch, hp))
+    weight[1, 3] = -0.0  # ModelOpt's sign bit is x < 0: -0 is code 0
+    packed, block_scale, scale_2 = NVFP4QTensor.quantize(weight.clone(), 16)
+    q = checkpoints.quantize_like(_numpy(weight), lowp.NVFP4Scaling(), "modelopt")
+    np.testing.assert_array_equal(q.codes, packed._quantized_data.numpy())
+    np.testing.assert_array_equal(q.scale, _bits(block_scale))
+    np.testing.assert_array_equal(q.global_scale, scale_2.numpy().reshape(()))

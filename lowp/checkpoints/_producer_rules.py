@@ -10,6 +10,12 @@ step for step in the dtypes it uses (docs/checkpoints.md):
            sb = RN_e4m3(clamp(RN32(g * RN_hp(block_amax / 6)), +-448)), 0 -> 0.125;
            codes = RN_e2m1(clamp(RN32(x / RN32(sb / g)), +-6)), -0 kept as code 8.
 
+and ModelOpt's NVFP4 export (`NVFP4QTensor.quantize`, 0.47), in float32:
+
+  nvfp4    s2 = RN32(amax / 2688) (weight_scale_2, a decode scale);
+           sb = RN_e4m3(clamp(RN32(block_amax / RN32(6 * s2)) or 1 if 0, 2**-9, 448));
+           codes = RN_e2m1(RN32(x / RN32(sb * s2))), ties to even, sign bit iff x < 0.
+
 Each division rounds in float32 first, then to hp: for bfloat16 and float16 that double
 rounding is innocuous (float32 has at least 2p + 2 bits), so it is the one rounding torch
 does.
@@ -42,14 +48,15 @@ def quantize_like(x: np.ndarray, scheme: _schemes.Scheme, dialect: str) -> _qten
       x: float32, bfloat16 or float16 weights (out, in), finite.
       scheme: TensorScaling, AxisScaling(axis=-1), GroupScaling(axis=-1) or
         BlockScaling of float8_e4m3fn without pow2, or NVFP4Scaling() (block 16).
-      dialect: "compressed-tensors" (the rule written out here).
+      dialect: "compressed-tensors", or "modelopt" for NVFP4Scaling() only.
 
     Returns:
       A QTensor whose `origin` is the dialect, as `lowp.load` of the producer's file gives.
     """
-    if dialect != _origin.COMPRESSED_TENSORS:
+    if dialect not in (_origin.COMPRESSED_TENSORS, _origin.MODELOPT):
         raise ValueError(
-            f"producer scale rules: lowp reproduces {_origin.COMPRESSED_TENSORS!r}, not {dialect!r}"
+            f"producer scale rules: lowp reproduces {_origin.COMPRESSED_TENSORS!r} and "
+            f"{_origin.MODELOPT!r} (NVFP4), not {dialect!r}"
         )
     hp_name = next(
         (name for name, dtype in _HP.items() if getattr(x, "dtype", None) == dtype), None
@@ -64,7 +71,12 @@ def quantize_like(x: np.ndarray, scheme: _schemes.Scheme, dialect: str) -> _qten
             "quantize_like: the weights hold NaN or Inf; compressed-tensors' rule is undefined there"
         )
     scheme.check_shape(x.shape)
-    if isinstance(scheme, _schemes.NVFP4Scaling) and scheme == _schemes.NVFP4Scaling():
+    nvfp4 = isinstance(scheme, _schemes.NVFP4Scaling) and scheme == _schemes.NVFP4Scaling()
+    if dialect == _origin.MODELOPT:
+        if not nvfp4:
+            raise ValueError(f"ModelOpt: lowp reproduces its NVFP4 rule, not {scheme}")
+        return _modelopt_nvfp4(xf, hp_name)
+    if nvfp4:
         return _nvfp4(xf, hp_name)
     fp8 = isinstance(scheme, _FLOAT_SCHEMES) and scheme.fmt == "float8_e4m3fn" and not scheme.pow2
     if fp8 and getattr(scheme, "axis", -1) % x.ndim == x.ndim - 1:  # along `in`, as the producer
@@ -119,6 +131,37 @@ def _nvfp4(xf, hp_name):
     scale_codes = sb.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     return _qtensor.QTensor(
         _layouts.pack_fp4(codes), scale_codes, decode, scheme, xf.shape, "bfloat16", origin=origin
+    )
+
+
+def _modelopt_nvfp4(xf, hp_name):
+    scheme = _schemes.NVFP4Scaling()
+    amax = np.float32(np.abs(xf).max(initial=0))
+    if amax == 0:
+        raise ValueError("ModelOpt's NVFP4 rule divides 0 by 0 for an all-zero tensor")
+    second = np.float32(np.divide(amax, np.float32(2688), dtype=np.float32))
+    six_second = np.multiply(np.float32(6), second, dtype=np.float32)
+    per_block = np.divide(_amax(xf, scheme), six_second, dtype=np.float32)
+    per_block = np.where(per_block == 0, np.float32(1), per_block)
+    sb = np.clip(per_block, np.float32(2.0**-9), _FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
+    denominator = np.multiply(sb.astype(np.float32), second, dtype=np.float32)
+    scaled = np.divide(xf, _groups.expand(denominator, scheme, xf.shape), dtype=np.float32)
+    magnitude = _formats.encode_in_range(
+        np.minimum(np.abs(scaled), _FP4_MAX), _formats.FLOAT4_E2M1FN
+    )
+    codes = np.where(xf < 0, magnitude | np.uint8(0x8), magnitude).astype(np.uint8)
+    origin = _origin.Origin(
+        _origin.MODELOPT, ("weight", "weight_scale", "weight_scale_2"), "float8_e4m3fn", hp_name
+    )
+    global_scale = np.asarray(second, np.float32).reshape(())
+    return _qtensor.QTensor(
+        _layouts.pack_fp4(codes),
+        sb.view(np.uint8),
+        global_scale,
+        scheme,
+        xf.shape,
+        hp_name,
+        origin=origin,
     )
 
 
