@@ -577,3 +577,63 @@ def test_quantize_like_modelopt_nvfp4_gives_its_quantizer_bytes(hp):
     np.testing.assert_array_equal(q.codes, packed._quantized_data.numpy())
     np.testing.assert_array_equal(q.scale, _bits(block_scale))
     np.testing.assert_array_equal(q.global_scale, scale_2.numpy().reshape(()))
+
+
+def _stored(directory) -> dict:
+    return safetensors_torch.load_file(str(directory / "model.safetensors"))
+
+
+def test_hf_fp8_and_gpt_oss_files_lowp_writes_dequantize_in_transformers_to_lowp_values(tmp_path):
+    pytest.importorskip("transformers")
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    w = _numpy(_weights((256, 384), seed=10, dtype=torch.float32))
+    q = lowp.quantize(w, lowp.BlockScaling(block=(128, 128)))
+    checkpoints.save_checkpoint(tmp_path / "fp8", {"fc.weight": q}, "hf-fp8")
+    assert checkpoints.detect(tmp_path / "fp8") == "hf-fp8"
+    stored = _stored(tmp_path / "fp8")
+    theirs = Fp8Dequantize(None)._dequantize_one(
+        stored["fc.weight"], stored["fc.weight_scale_inv"], torch.float32
+    )
+    np.testing.assert_array_equal(theirs.numpy(), lowp.dequantize(q))
+
+    experts = _numpy(_weights((2, 8, 64), seed=11, dtype=torch.float32).reshape(2, 8, 64))
+    q = lowp.quantize(experts, lowp.MXScaling(fmt="float4_e2m1fn"))
+    checkpoints.save_checkpoint(tmp_path / "oss", {"mlp.experts.down_proj": q}, "gpt-oss")
+    stored = _stored(tmp_path / "oss")
+    theirs = convert_moe_packed_tensors(
+        stored["mlp.experts.down_proj_blocks"], stored["mlp.experts.down_proj_scales"]
+    )
+    ours = lowp.dequantize(q, "bfloat16")
+    np.testing.assert_array_equal(_bits(theirs.transpose(1, 2).contiguous()), _bits(ours))
+
+
+@pytest.mark.slow  # importing modelopt takes ~20 s of CPU
+def test_modelopt_files_lowp_writes_dequantize_in_modelopt_to_lowp_values(tmp_path):
+    pytest.importorskip("modelopt")
+    from modelopt.torch.quantization.qtensor.fp8_tensor import FP8QTensor
+    from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+
+    w = _numpy(_weights((64, 256), seed=12, dtype=torch.float32))
+    q4 = lowp.quantize(w, lowp.NVFP4Scaling())
+    checkpoints.save_checkpoint(tmp_path / "mo4", {"fc.weight": q4}, "modelopt")
+    s = _stored(tmp_path / "mo4")
+    packed = NVFP4QTensor(torch.Size(w.shape), torch.float32, s["fc.weight"])
+    theirs = packed.dequantize(
+        dtype=torch.float32,
+        scale=s["fc.weight_scale"],
+        double_scale=s["fc.weight_scale_2"],
+        block_sizes={-1: 16},
+    )
+    np.testing.assert_array_equal(
+        theirs.numpy(), lowp.dequantize(q4)
+    )  # ModelOpt's zero is +0: == not bits
+
+    q8 = lowp.quantize(w, lowp.TensorScaling())
+    checkpoints.save_checkpoint(tmp_path / "mo8", {"fc.weight": q8}, "modelopt")
+    s = _stored(tmp_path / "mo8")
+    theirs = FP8QTensor(torch.Size(w.shape), torch.float32, s["fc.weight"]).dequantize(
+        dtype=torch.float32, scale=s["fc.weight_scale"]
+    )
+    np.testing.assert_array_equal(_bits(theirs), _bits(lowp.dequantize(q8)))
