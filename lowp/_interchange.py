@@ -119,7 +119,7 @@ def load(path: str | os.PathLike) -> dict[str, "_qtensor.QTensor | np.ndarray"]:
     """Read a safetensors file written by `save` (or by anything else) into memory.
 
     A checkpoint directory (config.json + safetensors shards) or a file of another tool's
-    checkpoint dialect (HF fp8, compressed-tensors, ModelOpt, gpt-oss) is read by
+    checkpoint dialect (HF fp8, compressed-tensors, ModelOpt, gpt-oss, torchao) is read by
     `lowp.checkpoints.load_checkpoint`: its quantized tensors come back as QTensors whose
     `origin` names the dialect (docs/checkpoints.md).
 

@@ -637,3 +637,42 @@ def test_modelopt_files_lowp_writes_dequantize_in_modelopt_to_lowp_values(tmp_pa
         dtype=torch.float32, scale=s["fc.weight_scale"]
     )
     np.testing.assert_array_equal(_bits(theirs), _bits(lowp.dequantize(q8)))
+
+
+# --- torchao's safetensors format ---
+
+
+@pytest.mark.parametrize("granularity", ["PerRow", "PerTensor"])
+def test_torchao_float8_files_read_and_write_as_torchao_does(tmp_path, granularity):
+    pytest.importorskip("torchao")
+    from torchao.prototype.safetensors.safetensors_support import (
+        flatten_tensor_state_dict,
+        unflatten_tensor_state_dict,
+    )
+    from torchao.quantization import granularity as granularities
+    from torchao.quantization.quantize_.workflows.float8.float8_tensor import Float8Tensor
+
+    w = _weights((32, 64), seed=13)
+    t = Float8Tensor.from_hp(w, granularity=getattr(granularities, granularity)())
+    data, metadata = flatten_tensor_state_dict({"fc.weight": t, "fc.bias": torch.zeros(32)})
+    path = tmp_path / "ao.safetensors"
+    safetensors_torch.save_file(data, str(path), metadata=metadata)
+
+    assert checkpoints.detect(path) == "torchao"
+    loaded = lowp.load(path)
+    q = loaded["fc.weight"]
+    assert q.scheme == (
+        lowp.AxisScaling(axis=-1) if granularity == "PerRow" else lowp.TensorScaling()
+    )
+    np.testing.assert_array_equal(q.codes, _bits(t.qdata))
+    ours = lowp.dequantize(q)
+    np.testing.assert_array_equal(_bits(ours), _bits(t.dequantize()))
+
+    checkpoints.save_checkpoint(tmp_path / "again", loaded, "torchao")
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "again" / "model.safetensors"), "pt") as f:
+        again_metadata = f.metadata()
+    rebuilt, leftover = unflatten_tensor_state_dict(_stored(tmp_path / "again"), again_metadata)
+    assert not leftover
+    np.testing.assert_array_equal(_bits(rebuilt["fc.weight"].dequantize()), _bits(t.dequantize()))

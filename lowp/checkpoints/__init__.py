@@ -5,6 +5,7 @@ Dialects (`DIALECTS`; docs/checkpoints.md gives each one's names and arithmetic)
   compressed-tensors  llm-compressor's float-quantized and nvfp4-pack-quantized
   modelopt            NVIDIA ModelOpt's FP8 and NVFP4 export
   gpt-oss             gpt-oss's MXFP4 `*_blocks` / `*_scales`
+  torchao             torchao's safetensors format for its Float8Tensor
 
 `lowp.load(path)` reads a checkpoint directory, or a file in one of these dialects,
 through `load_checkpoint`; each quantized tensor comes back a `lowp.QTensor` whose

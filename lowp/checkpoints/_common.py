@@ -62,7 +62,7 @@ def as_bytes(array: np.ndarray) -> np.ndarray:
 
 def scalar(name: str, array: np.ndarray) -> np.ndarray:
     """A per-tensor scale stored as shape () or (1,), as a float32 0-d array."""
-    if array.size != 1 or array.ndim > 1:
+    if array.size != 1:
         raise ValueError(
             f"tensor {name!r}: a per-tensor scale must hold one value, got shape {array.shape}"
         )

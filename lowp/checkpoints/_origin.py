@@ -16,7 +16,8 @@ HF_FP8 = "hf-fp8"  # transformers' fine-grained fp8, DeepSeek-V3's weight_scale_
 COMPRESSED_TENSORS = "compressed-tensors"  # llm-compressor's float-quantized, nvfp4-pack
 MODELOPT = "modelopt"  # NVIDIA ModelOpt's FP8 and NVFP4 export
 GPT_OSS = "gpt-oss"  # gpt-oss's MXFP4 *_blocks / *_scales
-DIALECTS = (HF_FP8, COMPRESSED_TENSORS, MODELOPT, GPT_OSS)
+TORCHAO = "torchao"  # torchao's safetensors format for its Float8Tensor
+DIALECTS = (HF_FP8, COMPRESSED_TENSORS, MODELOPT, GPT_OSS, TORCHAO)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

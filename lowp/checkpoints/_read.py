@@ -11,19 +11,29 @@ import os
 import numpy as np
 
 from lowp import _interchange, _qtensor
-from lowp.checkpoints import _compressed_tensors, _files, _gpt_oss, _hf_fp8, _modelopt, _origin
+from lowp.checkpoints import (
+    _compressed_tensors,
+    _files,
+    _gpt_oss,
+    _hf_fp8,
+    _modelopt,
+    _origin,
+    _torchao,
+)
 
 _QUANT_METHODS = {
     "fp8": _origin.HF_FP8,
     "compressed-tensors": _origin.COMPRESSED_TENSORS,
     "modelopt": _origin.MODELOPT,
     "mxfp4": _origin.GPT_OSS,
+    "torchao": _origin.TORCHAO,
 }
 _READERS = {
     _origin.HF_FP8: _hf_fp8.Reader,
     _origin.COMPRESSED_TENSORS: _compressed_tensors.Reader,
     _origin.MODELOPT: _modelopt.Reader,
     _origin.GPT_OSS: _gpt_oss.Reader,
+    _origin.TORCHAO: _torchao.Reader,
 }
 # What a lone file (no config.json) of each recognisable dialect is read with.
 _NVFP4_GROUP = {
@@ -136,8 +146,11 @@ def _dialect_and_config(path: str) -> tuple[str | None, dict]:
         and config.get("hf_quant_config", {}).get("producer", {}).get("name") == "modelopt"
     ):
         method = "modelopt"
-    if method in _QUANT_METHODS:
+    if method in _QUANT_METHODS and _QUANT_METHODS[method] != _origin.TORCHAO:
         return _QUANT_METHODS[method], config
+    torchao = _torchao_entries(path)  # torchao says so in each file's metadata
+    if torchao or method == "torchao":
+        return _origin.TORCHAO, {**config, "torchao": torchao}
     if is_dir:
         if method is not None:
             raise ValueError(
@@ -146,6 +159,14 @@ def _dialect_and_config(path: str) -> tuple[str | None, dict]:
         return None, config
     dialect = _dialect_of_names(_files.tensor_names(path))
     return dialect, _IMPLIED_CONFIGS[dialect] if dialect else config
+
+
+def _torchao_entries(path: str) -> dict:
+    """The torchao metadata entries of every shard of `path` (headers only)."""
+    entries: dict = {}
+    for shard in _files.shard_paths(path):
+        entries.update(_torchao.entries(_files.file_metadata(shard)))
+    return entries
 
 
 def _dialect_of_names(names: dict[str, str]) -> str | None:

@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 
 from lowp import _interchange, _qtensor, _schemes
-from lowp.checkpoints import _files, _origin
+from lowp.checkpoints import _files, _origin, _torchao
 
 _E4M3 = ml_dtypes.float8_e4m3fn
 _FLOAT_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
@@ -61,9 +61,10 @@ def save_checkpoint(
         groups.append({"module": name.removesuffix(".weight"), "weights": args})
     full_config = dict(config or {})
     full_config["quantization_config"] = _quantization_config(dialect, groups)
-    _interchange._write_safetensors(
-        os.path.join(directory, _files.SINGLE), arrays, {"format": "pt"}
-    )
+    metadata = {"format": "pt"}
+    if dialect == _origin.TORCHAO:
+        metadata.update(_torchao_metadata(tensors))
+    _interchange._write_safetensors(os.path.join(directory, _files.SINGLE), arrays, metadata)
     _write_json(os.path.join(directory, _files.CONFIG), full_config)
     if dialect == _origin.MODELOPT:
         quant = {"quant_algo": full_config["quantization_config"]["quant_algo"]}
@@ -181,11 +182,55 @@ def _store_gpt_oss(name, q):
     return {name + "_blocks": blocks, name + "_scales": q.scale}, {"algo": "MXFP4"}
 
 
+def _store_torchao(name, q):
+    scheme, shape = q.scheme, q.shape
+    if getattr(scheme, "fmt", None) != "float8_e4m3fn" or getattr(scheme, "pow2", False):
+        raise ValueError("torchao's Float8Tensor holds float8_e4m3fn codes with float32 scales")
+    last = len(shape) - 1
+    if isinstance(scheme, _schemes.TensorScaling):
+        block, scale = list(shape), q.scale.reshape((1,) * len(shape))
+    elif isinstance(scheme, _schemes.AxisScaling) and scheme.axis % len(shape) == last:
+        block, scale = [1] * last + [shape[-1]], q.scale
+    elif isinstance(scheme, _schemes.GroupScaling) and scheme.axis % len(shape) == last:
+        block, scale = [1] * last + [scheme.block], q.scale
+    elif (
+        isinstance(scheme, _schemes.BlockScaling)
+        and len(shape) == 2
+        and all(n % b == 0 for n, b in zip(shape, scheme.block, strict=True))
+    ):
+        block, scale = list(scheme.block), q.scale
+    else:
+        raise ValueError("torchao stores per tensor, per row, groups or whole 2-D blocks")
+    qdata, scale_name = _torchao.parts(name)
+    return {qdata: _e4m3(q.codes), scale_name: scale.astype(np.float32)}, {"block_size": block}
+
+
+def _torchao_metadata(tensors: dict) -> dict[str, str]:
+    """torchao's per-tensor metadata: what `unflatten_tensor_state_dict` rebuilds from."""
+    metadata = {"tensor_names": json.dumps(sorted(tensors))}
+    for name, value in sorted(tensors.items()):
+        if not isinstance(value, _qtensor.QTensor):
+            metadata[name] = json.dumps({"_type": "Tensor"})
+            continue
+        _, args = _store_torchao(name, value.with_scale_layout("plain"))
+        data = {
+            "block_size": args["block_size"],
+            "mm_config": None,
+            "act_quant_kwargs": None,
+            "kernel_preference": {"_type": "KernelPreference", "_data": "AUTO"},
+            "dtype": {"_type": "torch.dtype", "_data": value.hp_dtype},
+        }
+        entry = {"_type": "Float8Tensor", "_data": data, "_tensor_data_names": ["qdata", "scale"]}
+        metadata[name] = json.dumps(entry)
+    return metadata
+
+
 _STORERS = {
     _origin.HF_FP8: _store_hf_fp8,
     _origin.COMPRESSED_TENSORS: _store_compressed_tensors,
     _origin.MODELOPT: _store_modelopt,
     _origin.GPT_OSS: _store_gpt_oss,
+    _origin.TORCHAO: _store_torchao,
 }
 
 
@@ -217,7 +262,7 @@ def _quantization_config(dialect: str, groups: list[dict]) -> dict:
             "ignore": [],
         }
     kinds_seen = {json.dumps(g["weights"], sort_keys=True) for g in groups}
-    if len(kinds_seen) > 1:
+    if len(kinds_seen) > 1 and dialect != _origin.TORCHAO:
         raise ValueError(
             f"a {dialect} checkpoint holds one kind of quantized tensor; got {sorted(kinds_seen)}"
         )
@@ -234,4 +279,6 @@ def _quantization_config(dialect: str, groups: list[dict]) -> dict:
         return config
     if dialect == _origin.MODELOPT:
         return {"quant_method": "modelopt", "quant_algo": only.get("algo", "FP8")}
+    if dialect == _origin.TORCHAO:  # the tensors' metadata says the rest
+        return {"quant_method": "torchao"}
     return {"quant_method": "mxfp4"}
