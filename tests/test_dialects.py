@@ -7,6 +7,7 @@ model card and `inference/kernel.py`; the gpt-oss model card), and the reference
 transformers' own dequantization of them (`Fp8Dequantize`, `convert_moe_packed_tensors`).
 """
 
+import dataclasses
 import json
 
 import ml_dtypes
@@ -171,8 +172,6 @@ def test_compressed_tensors_nvfp4_reads_the_encode_global_scale_and_divides_as_i
     ours = lowp.dequantize(q)
     np.testing.assert_array_equal(_bits(ours), _bits(reference))
     # lowp's own NVFP4 arithmetic multiplies by 1/g: not the producer's bits everywhere
-    import dataclasses
-
     lowp_rule = lowp.dequantize(dataclasses.replace(q, origin=None))
     assert (
         np.abs(lowp_rule.astype(np.float32) - ours.astype(np.float32)).max()
@@ -676,3 +675,56 @@ def test_torchao_float8_files_read_and_write_as_torchao_does(tmp_path, granulari
     rebuilt, leftover = unflatten_tensor_state_dict(_stored(tmp_path / "again"), again_metadata)
     assert not leftover
     np.testing.assert_array_equal(_bits(rebuilt["fc.weight"].dequantize()), _bits(t.dequantize()))
+
+
+# --- A transformers model, quantized with lowp_torch, exported to each dialect ---
+
+_EXPORTS = [
+    ("float8_block", "hf-fp8"),
+    ("float8_block", "compressed-tensors"),
+    ("float8_block", "torchao"),
+    ("float8_rowwise", "compressed-tensors"),
+    ("float8_rowwise", "modelopt"),
+    ("float8_rowwise", "torchao"),
+    ("nvfp4", "compressed-tensors"),
+    ("nvfp4", "modelopt"),
+    ("mxfp4", "gpt-oss"),
+]
+
+
+@pytest.mark.slow  # loads and quantizes all-MiniLM-L6-v2's BERT
+@pytest.mark.parametrize(("preset", "dialect"), _EXPORTS)
+def test_minilm_bert_quantized_with_quantize_exports_to_each_dialect(tmp_path, preset, dialect):
+    transformers = pytest.importorskip("transformers")
+    import lowp_torch
+    from lowp_apps import minilm
+
+    if not minilm.available():
+        pytest.skip("all-MiniLM-L6-v2 is not installed")
+    model = transformers.AutoModel.from_pretrained(str(minilm.model_dir()), dtype=torch.float32)
+    lowp_torch.quantize_(model, preset)
+    tensors = {
+        name: lowp_torch.to_lowp(t) if isinstance(t, lowp_torch.QuantizedTensor) else _numpy(t)
+        for name, t in model.state_dict().items()
+    }
+    quantized = [n for n, v in tensors.items() if isinstance(v, lowp.QTensor)]
+    assert len(quantized) == 37  # 6 layers x (q, k, v, attention out, intermediate, out), pooler
+    checkpoints.save_checkpoint(tmp_path / dialect, tensors, dialect, config={"model_type": "bert"})
+
+    loaded = lowp.load(tmp_path / dialect)
+    assert sorted(loaded) == sorted(tensors)
+    for name in quantized:
+        ours, theirs = tensors[name], loaded[name]
+        # an MX file holds no scale rule: the loaded scheme says the default, "floor"
+        expected = (
+            ours.scheme
+            if ours.scheme.family != "mx"
+            else dataclasses.replace(ours.scheme, mode="floor")
+        )
+        assert theirs.origin.dialect == dialect and theirs.scheme == expected, name
+        np.testing.assert_array_equal(theirs.codes, ours.codes, err_msg=name)
+        np.testing.assert_array_equal(theirs.scale, ours.scale, err_msg=name)
+        if ours.scheme.family == "float":  # every producer's float8 product is lowp's here
+            np.testing.assert_array_equal(
+                lowp.dequantize(theirs, "float32"), lowp.dequantize(ours), err_msg=name
+            )

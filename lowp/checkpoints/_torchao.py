@@ -23,16 +23,14 @@ def entries(metadata: dict) -> dict[str, dict]:
     """name -> parsed entry of a torchao file's metadata (empty if it is not one)."""
     if "tensor_names" not in metadata:
         return {}
-    out = {}
-    for name, text in metadata.items():
-        if name == "tensor_names":
-            continue
-        try:
-            doc = json.loads(text)
-        except ValueError as e:
-            raise ValueError(f"torchao metadata for {name!r} is not JSON: {e}") from e
-        if isinstance(doc, dict) and "_type" in doc:
-            out[name] = doc
+    try:
+        names = json.loads(metadata["tensor_names"])
+        out = {name: json.loads(metadata[name]) for name in names}
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"torchao metadata: 'tensor_names' and an entry for each: {e!r}") from e
+    bad = [name for name, doc in out.items() if not isinstance(doc, dict) or "_type" not in doc]
+    if bad:
+        raise ValueError(f"torchao metadata for {bad[0]!r} is not an object with '_type'")
     return out
 
 
