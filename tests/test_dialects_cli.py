@@ -1,4 +1,4 @@
-"""`lowp convert` and the dialect lines of `lowp inspect` (NumPy only)."""
+"""`lowp convert`, the dialect lines of `lowp inspect`, and directories of lowp files (NumPy only)."""
 
 import json
 
@@ -79,3 +79,12 @@ def test_convert_refuses_a_scheme_the_dialect_cannot_store(tmp_path, float_file,
         == 2
     )
     assert "'fc.weight'" in capsys.readouterr().err
+
+
+def test_a_directory_of_lowp_files_loads_their_qtensors(tmp_path):
+    q = lowp.quantize(np.ones((2, 32), np.float32), lowp.MXScaling())
+    (tmp_path / "d").mkdir()
+    lowp.save(tmp_path / "d" / "model.safetensors", {"w": q, "b": np.zeros(2, np.float32)})
+    loaded = lowp.load(tmp_path / "d")
+    assert sorted(loaded) == ["b", "w"] and loaded["w"].scheme == q.scheme
+    assert loaded["w"].origin is None

@@ -83,8 +83,12 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, "_qtensor.QTensor | np
     dialect, config = _dialect_and_config(path)
     paths = _files.shard_paths(path)
     loaded: dict[str, _qtensor.QTensor | np.ndarray] = {}
-    if dialect is None:  # nothing quantized that lowp knows: every tensor a plain array
-        for _, arrays in _files.read_shards(paths):
+    if dialect is None:  # lowp's own files, or plain arrays: each shard as `lowp.load` reads it
+        for shard in paths:
+            arrays = _interchange.load(shard)
+            clashes = sorted(set(arrays) & set(loaded))
+            if clashes:
+                raise ValueError(f"{shard}: tensor {clashes[0]!r} is also in another shard")
             loaded.update(arrays)
         return dict(sorted(loaded.items()))
     reader = _READERS[dialect](config)
