@@ -371,6 +371,23 @@ def test_a_sharded_checkpoint_pairs_a_weight_with_its_scale_in_another_shard(tmp
         lowp.load(directory)
 
 
+def test_an_nvfp4_global_scale_in_a_later_shard_is_waited_for(tmp_path):
+    path, stored, _ = _ct_checkpoint(tmp_path, _ct_args("nvfp4"), _weights((64, 256)))
+    config = json.loads((path / "config.json").read_text())
+    tensors = {f"layers.0.proj.{k}": v for k, v in stored.items()}
+    first = {k: v for k, v in tensors.items() if not k.endswith("global_scale")}
+    second = {k: v for k, v in tensors.items() if k.endswith("global_scale")}
+    directory = tmp_path / "sharded"
+    _write(directory, first, config, "a.safetensors")
+    _write(directory, second, config, "b.safetensors")
+    weight_map = {**dict.fromkeys(first, "a.safetensors"), **dict.fromkeys(second, "b.safetensors")}
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    q = lowp.load(directory)["layers.0.proj.weight"]
+    np.testing.assert_array_equal(
+        q.origin.stored_global_scale, stored["weight_global_scale"].numpy()
+    )
+
+
 def test_a_lone_file_is_recognised_by_its_names_and_a_lowp_file_is_unchanged(tmp_path):
     blocks = np.zeros((4, 2, 16), np.uint8)
     path = tmp_path / "experts.safetensors"

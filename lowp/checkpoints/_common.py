@@ -27,8 +27,8 @@ class Reader(typing.Protocol):
         """The logical tensor name if `name` holds a quantized tensor's codes, else None."""
         ...
 
-    def companions(self, logical: str) -> tuple[str, ...]:
-        """The stored names `build` needs besides the primary."""
+    def companions(self, logical: str, primary: str) -> tuple[str, ...]:
+        """The stored names `build` needs besides the primary (`primary`'s name)."""
         ...
 
     def build(self, logical: str, primary: str, arrays: dict[str, np.ndarray]) -> _qtensor.QTensor:

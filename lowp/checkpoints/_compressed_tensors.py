@@ -80,8 +80,9 @@ class Reader:
             return name
         return None
 
-    def companions(self, logical: str) -> tuple[str, ...]:
-        # which one is known only from the primary's name: build() checks the rest
+    def companions(self, logical: str, primary: str) -> tuple[str, ...]:
+        if primary.endswith("_packed"):  # nvfp4: block scales and the global scale
+            return (logical + "_scale", logical + "_global_scale")
         return (logical + "_scale",)
 
     def build(self, logical, primary, arrays):
@@ -108,8 +109,6 @@ class Reader:
 
     def _nvfp4(self, logical, primary, arrays):
         scale_name, global_name = logical + "_scale", logical + "_global_scale"
-        if global_name not in arrays:
-            raise ValueError(f"compressed-tensors tensor {primary!r}: missing {global_name!r}")
         packed = _common.expect_dtype(primary, arrays[primary], np.uint8, "packed fp4 codes")
         block = _common.expect_dtype(
             scale_name, arrays[scale_name], "float8_e4m3fn", "an nvfp4 block scale"

@@ -24,7 +24,7 @@ class Reader:
     def primary(self, name: str, array: np.ndarray) -> str | None:
         return name.removesuffix(BLOCKS) if name.endswith(BLOCKS) else None
 
-    def companions(self, logical: str) -> tuple[str, ...]:
+    def companions(self, logical: str, primary: str) -> tuple[str, ...]:
         return (logical + SCALES,)
 
     def build(self, logical, primary, arrays):

@@ -43,7 +43,7 @@ class Reader:
             return name
         return None
 
-    def companions(self, logical: str) -> tuple[str, ...]:
+    def companions(self, logical: str, primary: str) -> tuple[str, ...]:
         return (logical + SCALE_SUFFIX,)
 
     def build(self, logical, primary, arrays):

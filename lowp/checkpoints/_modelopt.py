@@ -40,7 +40,7 @@ class Reader:
         wanted = np.dtype("float8_e4m3fn") if self.algo == "FP8" else np.dtype(np.uint8)
         return name if array.dtype == wanted else None
 
-    def companions(self, logical: str) -> tuple[str, ...]:
+    def companions(self, logical: str, primary: str) -> tuple[str, ...]:
         if self.algo == "FP8":
             return (logical + "_scale",)
         return (logical + "_scale", logical + "_scale_2")

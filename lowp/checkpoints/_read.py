@@ -85,11 +85,11 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, "_qtensor.QTensor | np
     loaded: dict[str, _qtensor.QTensor | np.ndarray] = {}
     if dialect is None:  # lowp's own files, or plain arrays: each shard as `lowp.load` reads it
         for shard in paths:
-            arrays = _interchange.load(shard)
-            clashes = sorted(set(arrays) & set(loaded))
+            contents = _interchange.load(shard)
+            clashes = sorted(set(contents) & set(loaded))
             if clashes:
                 raise ValueError(f"{shard}: tensor {clashes[0]!r} is also in another shard")
-            loaded.update(arrays)
+            loaded.update(contents)
         return dict(sorted(loaded.items()))
     reader = _READERS[dialect](config)
     pending: dict[str, np.ndarray] = {}
@@ -113,7 +113,7 @@ def _claim(reader, pending: dict, loaded: dict, path) -> None:
         if name not in pending:  # taken as a companion already
             continue
         logical = reader.primary(name, pending[name])
-        if logical is None or not all(c in pending for c in reader.companions(logical)):
+        if logical is None or not all(c in pending for c in reader.companions(logical, name)):
             continue
         if logical in loaded:
             raise ValueError(f"{path}: two stored tensors make {logical!r}")
@@ -130,7 +130,7 @@ def _unclaimed_primaries(reader, pending: dict) -> list[tuple[str, str]]:
     for name, array in pending.items():
         logical = reader.primary(name, array)
         if logical is not None:
-            out += [(name, c) for c in reader.companions(logical) if c not in pending]
+            out += [(name, c) for c in reader.companions(logical, name) if c not in pending]
     return out
 
 

@@ -75,7 +75,7 @@ class Reader:
     def primary(self, name: str, array: np.ndarray) -> str | None:
         return self.by_qdata.get(name)
 
-    def companions(self, logical: str) -> tuple[str, ...]:
+    def companions(self, logical: str, primary: str) -> tuple[str, ...]:
         return (parts(logical)[1],)
 
     def build(self, logical, primary, arrays):
