@@ -1,4 +1,4 @@
-"""`lowp convert`, the dialect lines of `lowp inspect`, and directories of lowp files (NumPy only)."""
+"""`lowp convert`, `lowp inspect`'s dialect lines, and checkpoint directories lowp.load refuses or reads (NumPy only)."""
 
 import json
 
@@ -88,3 +88,29 @@ def test_a_directory_of_lowp_files_loads_their_qtensors(tmp_path):
     loaded = lowp.load(tmp_path / "d")
     assert sorted(loaded) == ["b", "w"] and loaded["w"].scheme == q.scheme
     assert loaded["w"].origin is None
+
+
+@pytest.mark.parametrize(
+    ("quantization_config", "message"),
+    [
+        ([1, 2], "quantization_config must be a JSON object"),
+        (
+            {"quant_method": "compressed-tensors", "format": "pack-quantized"},
+            "format 'pack-quantized'",
+        ),
+        (
+            {"quant_method": "compressed-tensors", "format": "float-quantized"},
+            "needs 'config_groups'",
+        ),
+        ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, "quant_algo 'W4A8_AWQ'"),
+        ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size must be two"),
+        ({"quant_method": "fp8", "scale_fmt": "e5m2"}, "scale_fmt 'e5m2'"),
+    ],
+)
+def test_a_configuration_lowp_cannot_read_is_refused_naming_it(
+    tmp_path, quantization_config, message
+):
+    lowp.save(tmp_path / "model.safetensors", {"x": np.zeros(2, np.float32)})
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": quantization_config}))
+    with pytest.raises(ValueError, match=message):
+        lowp.load(tmp_path)

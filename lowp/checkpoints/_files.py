@@ -40,6 +40,12 @@ def checkpoint_config(path: str) -> dict:
         config = read_json(os.path.join(directory, CONFIG))
     if os.path.isfile(os.path.join(directory, HF_QUANT_CONFIG)):
         config = {**config, "hf_quant_config": read_json(os.path.join(directory, HF_QUANT_CONFIG))}
+    for key, inner in (("quantization_config", None), ("hf_quant_config", "quantization")):
+        value = config.get(key, {})
+        if inner is not None and isinstance(value, dict):
+            value = value.get(inner, {})
+        where = key if inner is None else f"{key}.{inner}"
+        _check_object(value, f"{directory}: {where}")
     return config
 
 
@@ -91,3 +97,10 @@ def file_metadata(path: str) -> dict:
         header, _ = _interchange._read_header(f, os.fstat(f.fileno()).st_size, path)
     metadata = header.get("__metadata__", {})
     return metadata if isinstance(metadata, dict) else {}
+
+
+def _check_object(value, where: str) -> None:
+    """Every reader looks fields up in the quantization configs: they must be objects."""
+    if isinstance(value, dict):
+        return
+    raise ValueError(f"{where} must be a JSON object, got {value!r:.80}")
