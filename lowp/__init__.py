@@ -29,6 +29,7 @@ and `InferenceConfig` (weight and activation schemes), each with named presets
 
 from importlib import metadata as _metadata
 
+from lowp import checkpoints
 from lowp._formats import ELEMENT_FORMATS, FORMATS, SCALE_FORMATS, Format, decode, encode
 from lowp._interchange import load, load_activations, read_arrays, save
 from lowp._layouts import from_cublas_blocked, pack_fp4, to_cublas_blocked, unpack_fp4
@@ -82,6 +83,7 @@ __all__ = [
     "Recipe",
     "Scheme",
     "TensorScaling",
+    "checkpoints",
     "decode",
     "dequantize",
     "encode",

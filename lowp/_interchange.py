@@ -145,6 +145,11 @@ def load(
 ) -> dict[str, "_qtensor.QTensor | np.ndarray"]:
     """Read a safetensors file written by `save` (or by anything else) into memory.
 
+    A checkpoint directory (config.json + safetensors shards) or a file of another tool's
+    checkpoint dialect (HF fp8, compressed-tensors, ModelOpt, gpt-oss, torchao) is read by
+    `lowp.checkpoints.load_checkpoint`: its quantized tensors come back as QTensors whose
+    `origin` names the dialect (docs/checkpoints.md).
+
     A file without lowp's metadata loads as plain arrays (a Hugging Face checkpoint, say).
     With it, each QTensor entry is rebuilt from its `.codes`/`.scale`/`.global_scale`
     tensors. The file stores the scheme's axis non-negative (spec §9); it comes back
@@ -164,6 +169,10 @@ def load(
         newer lowp, a QTensor entry that is malformed or disagrees with its arrays, or
         (naming the tensor) bytes, a dtype or a shape other than those saved.
     """
+    from lowp import checkpoints  # another tool's checkpoint (a directory, a foreign file)
+
+    if checkpoints.is_checkpoint(path):
+        return checkpoints.load_checkpoint(path)
     arrays, metadata = _read_safetensors(path)
     if METADATA_KEY not in metadata:
         return dict(arrays)
@@ -204,6 +213,10 @@ def load_activations(path: str | os.PathLike) -> "dict[str, _schemes.Scheme | No
     >>> load_activations(path)
     {'v': None, 'w': MXScaling(fmt='float8_e4m3fn', block=32, mode='floor', axis=-1)}
     """
+    from lowp import checkpoints  # another tool's checkpoint records no activations
+
+    if checkpoints.is_checkpoint(path):
+        return {}
     with _open(path) as f:
         header, _ = _read_header(f, os.fstat(f.fileno()).st_size, path)
     metadata = _parse_metadata(header.get("__metadata__", {}), path)

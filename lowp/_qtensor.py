@@ -31,6 +31,9 @@ class QTensor:
       hp_dtype: "float32", "bfloat16" or "float16": what dequantize returns by default.
       scale_layout: "plain" (the scheme's scale shape) or "cublas_blocked" (MX/NVFP4
         along the last axis: the 2-D swizzled layout of spec §5).
+      origin: None, or for a tensor read from another tool's checkpoint a
+        `lowp.checkpoints.Origin`: the dialect, the stored names and scale dtype, and
+        the arithmetic its producer dequantizes with (which `dequantize` then follows).
 
     Construction checks every field against the others, so a QTensor read from a
     file is either consistent or refused.
@@ -43,6 +46,7 @@ class QTensor:
     shape: tuple[int, ...]
     hp_dtype: str
     scale_layout: str = "plain"
+    origin: typing.Any = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         layout = check_layout("QTensor", self.scheme, self.shape, self.hp_dtype, self.scale_layout)

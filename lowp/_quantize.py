@@ -263,6 +263,10 @@ def dequantize(q: _qtensor.QTensor, out_dtype: str | None = None) -> np.ndarray:
     """
     if not isinstance(q, _qtensor.QTensor):
         raise TypeError(f"dequantize takes a lowp.QTensor, got {type(q).__name__}")
+    if q.origin is not None:  # read from another tool's checkpoint: its producer's arithmetic
+        from lowp import checkpoints
+
+        return checkpoints.producer_dequantize(q, out_dtype)
     out_dtype = q.hp_dtype if out_dtype is None else out_dtype
     if out_dtype not in _NUMPY_DTYPES:
         raise ValueError(

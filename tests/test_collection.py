@@ -48,6 +48,7 @@ def _site_without(packages: list[str], into: pathlib.Path) -> pathlib.Path:
         "jax,jaxlib,flax",
         "torch",
         "torch,torchao,triton,jax,jaxlib,flax",
+        "compressed_tensors,modelopt,transformers,safetensors",
     ],
 )
 def test_suite_collects_without(absent, tmp_path):

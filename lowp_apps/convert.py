@@ -1,0 +1,96 @@
+"""`lowp convert SRC DST --to DIALECT` and the dialect lines of `lowp inspect`.
+
+SRC is a lowp file, a checkpoint directory or a file of a known dialect (anything
+`lowp.load` reads); DST a lowp file (`--to lowp`) or a checkpoint directory in one of
+`lowp.checkpoints.DIALECTS`. `--quantize SCHEME` also quantizes SRC's float linear
+weights (rank 2, named *.weight) on the way, with the destination producer's own scale
+rule where lowp reproduces it (compressed-tensors), else with lowp's.
+"""
+
+import os
+
+import numpy as np
+
+import lowp
+
+LOWP = "lowp"
+TARGETS = (LOWP, *lowp.checkpoints.DIALECTS)
+
+
+def read(path) -> dict:
+    """name -> QTensor or numpy array of anything `lowp.load` reads."""
+    return lowp.load(path)
+
+
+def source_config(path) -> dict:
+    """SRC's config.json without its quantization_config (the model's architecture),
+    to carry into a converted checkpoint; {} for a lone file."""
+    config_path = os.path.join(path, "config.json") if os.path.isdir(path) else None
+    if config_path is None or not os.path.isfile(config_path):
+        return {}
+    import json
+
+    with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    config.pop("quantization_config", None)
+    return config
+
+
+def convert(src, dst, target: str, quantize: "lowp.Scheme | None" = None) -> dict:
+    """Write SRC's tensors to DST in `target`; returns what was written (name -> value)."""
+    if target not in TARGETS:
+        raise ValueError(f"--to {target!r}: expected one of {TARGETS}")
+    tensors = read(src)
+    if quantize is not None:
+        tensors = {name: _maybe_quantize(name, x, quantize, target) for name, x in tensors.items()}
+    if target == LOWP:
+        lowp.save(dst, tensors)
+    else:
+        lowp.checkpoints.save_checkpoint(dst, tensors, target, config=source_config(os.fspath(src)))
+    return tensors
+
+
+def _maybe_quantize(name: str, x, scheme, target: str):
+    linear = isinstance(x, np.ndarray) and x.ndim == 2 and name.endswith(".weight")
+    if not linear or x.dtype.kind not in "fV" or x.dtype == np.float64:
+        return x
+    if target == lowp.checkpoints.DIALECTS[1]:  # compressed-tensors: its own rule
+        return lowp.checkpoints.quantize_like(x, scheme, target)
+    return lowp.quantize(x, scheme)
+
+
+def requantizes(q: "lowp.QTensor") -> bool | None:
+    """Whether the producer's scale rule, run on the dequantized values, gives `q`'s
+    stored bytes back; None where lowp has no rule for the dialect or scheme
+    (compressed-tensors: fp8 and nvfp4; ModelOpt: nvfp4)."""
+    origin = q.origin
+    if origin is None or origin.dialect not in ("compressed-tensors", "modelopt"):
+        return None
+    try:
+        again = lowp.checkpoints.quantize_like(
+            lowp.dequantize(q, q.hp_dtype), q.scheme, origin.dialect
+        )
+    except (TypeError, ValueError):
+        return None
+    same = np.array_equal(again.codes, q.codes) and np.array_equal(again.scale, q.scale)
+    same = same and np.array_equal(again.global_scale, q.global_scale, equal_nan=False)
+    if origin.stored_global_scale is not None:
+        same = same and np.array_equal(again.origin.stored_global_scale, origin.stored_global_scale)
+    return bool(same)
+
+
+def dialect_lines(tensors: dict) -> list[str]:
+    """One line per tensor read from another tool's checkpoint: its dialect, scheme,
+    stored names and whether the producer's rule gives its bytes back."""
+    lines = []
+    for name, q in tensors.items():
+        if not isinstance(q, lowp.QTensor) or q.origin is None:
+            continue
+        back = {True: "yes", False: "no", None: "n/a"}[requantizes(q)]
+        lines.append(
+            f"  {name}: {q.origin.dialect}, {q.scheme.spec}, scales {q.origin.scale_dtype}, "
+            f"stored as {', '.join(q.origin.names)}; producer rule gives the bytes back: {back}"
+        )
+    if lines:
+        lines.insert(0, f"checkpoint dialect ({len(lines)} tensors):")
+    return lines
