@@ -213,10 +213,10 @@ def load_activations(path: str | os.PathLike) -> "dict[str, _schemes.Scheme | No
     >>> load_activations(path)
     {'v': None, 'w': MXScaling(fmt='float8_e4m3fn', block=32, mode='floor', axis=-1)}
     """
-    from lowp import checkpoints  # another tool's checkpoint records no activations
+    from lowp import checkpoints  # a checkpoint directory, another tool's file
 
     if checkpoints.is_checkpoint(path):
-        return {}
+        return checkpoints.checkpoint_activations(path)
     with _open(path) as f:
         header, _ = _read_header(f, os.fstat(f.fileno()).st_size, path)
     metadata = _parse_metadata(header.get("__metadata__", {}), path)

@@ -16,13 +16,14 @@ arithmetic (`producer_dequantize`), bit for bit.
 from lowp.checkpoints._dequantize import ProducerPlan, producer_dequantize, producer_plan
 from lowp.checkpoints._origin import DIALECTS, Origin
 from lowp.checkpoints._producer_rules import quantize_like
-from lowp.checkpoints._read import detect, is_checkpoint, load_checkpoint
+from lowp.checkpoints._read import checkpoint_activations, detect, is_checkpoint, load_checkpoint
 from lowp.checkpoints._write import save_checkpoint
 
 __all__ = [
     "DIALECTS",
     "Origin",
     "ProducerPlan",
+    "checkpoint_activations",
     "detect",
     "is_checkpoint",
     "load_checkpoint",

@@ -70,7 +70,10 @@ def shard_paths(path: str) -> list[str]:
         return [single]
     found = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not found:
-        raise ValueError(f"{path}: no {INDEX}, {SINGLE} or other .safetensors file")
+        raise ValueError(
+            f"{path}: a directory with no {INDEX}, {SINGLE} or other .safetensors file "
+            "(lowp.load reads a safetensors file or a checkpoint directory)"
+        )
     return [os.path.join(path, f) for f in found]
 
 

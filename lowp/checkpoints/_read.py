@@ -66,6 +66,25 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
     return os.path.isdir(path) or detect(path) is not None
 
 
+def checkpoint_activations(path: str | os.PathLike) -> dict:
+    """The activation schemes of checkpoint `path`, as `lowp.load_activations` gives them:
+    those lowp's own files in a directory record (merged over its shards), {} for
+    another tool's checkpoint, which records none.
+
+    Raises:
+      ValueError: for a directory with no safetensors file, as `load_checkpoint` does.
+    """
+    path = os.fspath(path)
+    dialect, _ = _dialect_and_config(path)
+    shards = _files.shard_paths(path)
+    if dialect is not None:
+        return {}
+    activations: dict = {}
+    for shard in shards:
+        activations.update(_interchange.load_activations(shard))
+    return activations
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict[str, "_qtensor.QTensor | np.ndarray"]:
     """Read checkpoint `path` (a directory, sharded or not, or one safetensors file).
 
