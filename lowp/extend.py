@@ -57,11 +57,38 @@ How a recipe runs a linear layer (spec §8)
                                  check naming the GEMM, operand and dim.
   DIM_NAMES                      what "M", "K", "N" are in a layer's terms.
 
+How a recipe runs the grouped GEMMs of a mixture of experts (spec §10)
+  GroupedPlan.of(recipe)         each grouped GEMM's operands (GroupedOperand: tensor,
+                                 kind "rows" / "experts" / "tokens", scheme), and
+                                 `check(k, n)`, the feature dims' shape check.
+  check_group_sizes(sizes, tokens), group_sizes_from_offs(offs, tokens)
+                                 the canonical group sizes (int64) from either form.
+  token_capacity(tokens, experts, block)
+                                 MX scale slots per feature of an operand along tokens.
+  token_segments(group_sizes, block)
+                                 the run of tokens each scale covers (NumPy; frontends
+                                 mirror it with their own ops).
+  pair_scheme(scheme)            the scheme of the pair trick: a frontend quantizes
+                                 stack([x, amax of x's group], -1) with it.
+  quantize_grouped(t, scheme, group_sizes, kind) -> GroupedQTensor
+                                 the NumPy reference of a grouped operand's bytes.
+
 The small-shape policy of the training layers (spec §8)
   MIN_MACS, call_pays, layer_may_pay, describe_small_shape
 """
 
 from lowp._formats import FLOAT4_E2M1FN, FLOAT8_E4M3FN, element_format
+from lowp._grouped import (
+    GroupedOperand,
+    GroupedPlan,
+    GroupedQTensor,
+    check_group_sizes,
+    group_sizes_from_offs,
+    pair_scheme,
+    quantize_grouped,
+    token_capacity,
+    token_segments,
+)
 from lowp._groups import broadcast as group_broadcast
 from lowp._groups import expand as expand_groups
 from lowp._groups import reduction as group_reduction
@@ -98,11 +125,15 @@ __all__ = [
     "MX_MODES",
     "SCHEME_TYPES",
     "GemmPlan",
+    "GroupedOperand",
+    "GroupedPlan",
+    "GroupedQTensor",
     "LinearPlan",
     "OperandPlan",
     "StoredLayout",
     "blocked_matrix_shape",
     "call_pays",
+    "check_group_sizes",
     "check_layout",
     "check_scheme",
     "codes_shape",
@@ -113,10 +144,15 @@ __all__ = [
     "from_spec",
     "group_broadcast",
     "group_reduction",
+    "group_sizes_from_offs",
     "layer_may_pay",
     "normalize_axis",
+    "pair_scheme",
     "poisoned_groups",
+    "quantize_grouped",
     "random_source",
     "scale_format",
     "stored_scale_shape",
+    "token_capacity",
+    "token_segments",
 ]
