@@ -64,7 +64,9 @@ def group_sizes_from_offs(offs, tokens: int) -> np.ndarray:
     ValueError naming them if they decrease, start below 0 or do not end at `tokens`."""
     offs = np.asarray(offs)
     if offs.ndim != 1 or offs.dtype.kind not in "iu":
-        raise ValueError(f"offs must be a 1-D integer array, got {offs.dtype} of shape {offs.shape}")
+        raise ValueError(
+            f"offs must be a 1-D integer array, got {offs.dtype} of shape {offs.shape}"
+        )
     sizes = np.diff(offs.astype(np.int64), prepend=0)
     return check_group_sizes(sizes, tokens, what=f"offs {offs.tolist()}")
 
@@ -112,7 +114,7 @@ def check_grouped_scheme(scheme: _schemes.Scheme, kind: str) -> None:
     if kind not in KINDS:
         raise ValueError(f"grouped operand kind must be one of {KINDS}, got {kind!r}")
     if not isinstance(scheme, (_schemes.TensorScaling, _schemes.AxisScaling, _schemes.MXScaling)):
-        raise ValueError(
+        raise ValueError(  # noqa: TRY004 - a valid scheme, not one grouped operands take
             f"grouped GEMM operands take TensorScaling, AxisScaling or MXScaling, got {scheme}"
         )
     if getattr(scheme, "axis", -1) != -1:
@@ -253,7 +255,8 @@ class GroupedQTensor:
         elif self.scheme.family == "float":
             codes, scale = self.codes[:, start : start + size], self.scale[:, e : e + 1]
         else:  # MX along the tokens: whole blocks, a short last block padded with code 0
-            block = self.scheme.block  # type: ignore[union-attr]
+            assert isinstance(self.scheme, _schemes.MXScaling)
+            block = self.scheme.block
             first = int(np.ceil(self.group_sizes[:e] / block).sum())
             blocks = math.ceil(size / block)
             codes = np.zeros((self.codes.shape[0], blocks * block), np.uint8)
@@ -318,22 +321,22 @@ def quantize_grouped(
             scale = np.concatenate([q.scale for q in qs], axis=0)
         return GroupedQTensor(codes, scale, scheme, kind, sizes, hp_dtype)
     # tokens: each expert's slice transposed, (C, T_e), along its tokens
-    block = getattr(scheme, "block", 1)
-    qs = []
+    block: int = scheme.block if isinstance(scheme, _schemes.MXScaling) else 1
+    parts: list[tuple[np.ndarray, np.ndarray]] = []
     for sl in slices:
         op = np.ascontiguousarray(sl.T)
         pad = -op.shape[1] % block  # an MX short block: its own elements' scale
         if pad:
             op = np.concatenate([op, np.zeros((op.shape[0], pad), op.dtype)], axis=1)
         q = _quantize.quantize(op, scheme, name=name)
-        qs.append((q.codes[:, : sl.shape[0]], q.scale))
-    codes = np.concatenate([c for c, _ in qs], axis=1)
+        parts.append((q.codes[:, : sl.shape[0]], q.scale))
+    codes = np.concatenate([c for c, _ in parts], axis=1)
     if isinstance(scheme, _schemes.TensorScaling):
-        scale = np.stack([s for _, s in qs])
+        scale = np.stack([s for _, s in parts])
     elif scheme.family == "float":
-        scale = np.concatenate([s for _, s in qs], axis=1).reshape(t.shape[1], len(sizes))
+        scale = np.concatenate([s for _, s in parts], axis=1).reshape(t.shape[1], len(sizes))
     else:
-        used = np.concatenate([s for _, s in qs], axis=1).reshape(t.shape[1], -1)
+        used = np.concatenate([s for _, s in parts], axis=1).reshape(t.shape[1], -1)
         free = token_capacity(t.shape[0], len(sizes), block) - used.shape[1]
         empty = _quantize.quantize(np.zeros((t.shape[1], free * block), np.float32), scheme)
         scale = np.concatenate([used, empty.scale], axis=1)

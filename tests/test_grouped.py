@@ -128,7 +128,7 @@ def test_nan_poisons_only_its_experts_groups(kind, scheme):
 def _pair_trick(x, scheme, sizes, kind):
     """What the frontends compute, in NumPy: each element paired with its group's amax
     (a segment max over its expert's rows, or MX block slot), quantized by `pair_scheme`."""
-    t, c = x.shape
+    t = x.shape[0]
     xf = x.astype(np.float32)
     absb = xf.view(np.uint32) & np.uint32(0x7FFFFFFF)
     tensorwise = isinstance(scheme, lowp.TensorScaling)
@@ -162,4 +162,6 @@ def test_pair_trick_gives_the_reference_bytes(sizes, scheme, kind):
     ref = extend.quantize_grouped(x, SCHEMES[scheme], sizes, kind)
     codes, scale = _pair_trick(x, SCHEMES[scheme], sizes, kind)
     np.testing.assert_array_equal(codes, ref.codes)
-    np.testing.assert_array_equal(np.ascontiguousarray(scale).view(np.uint8), ref.scale.view(np.uint8))
+    np.testing.assert_array_equal(
+        np.ascontiguousarray(scale).view(np.uint8), ref.scale.view(np.uint8)
+    )
