@@ -33,7 +33,7 @@ from lowp_jax._params import load_quantized, quantize_params, save_quantized, to
 from lowp_jax._qarray import QArray, from_lowp, to_lowp
 from lowp_jax._quantize import dequantize, quantize
 from lowp_jax._quantized_dot import QuantizedDotGeneral, dot_general_cls
-from lowp_jax._ragged_dot import ragged_dot
+from lowp_jax._ragged_dot import grouped_operands, ragged_dot
 from lowp_jax._rounding import random_bits
 from lowp_jax._training import (
     TrainingDotGeneral,
@@ -54,6 +54,7 @@ __all__ = [
     "fake_quantize",
     "from_lowp",
     "gemm_output",
+    "grouped_operands",
     "load_quantized",
     "quantize",
     "quantize_params",
