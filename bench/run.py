@@ -65,10 +65,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import lowp
 from bench import _record, _timing, gemm_limit, linear_step, summary, torch_block, torch_linear
+from bench import moe as moe_bench
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-SECTIONS = ("casts", "linear", "jax", "sweep", "memory", "block", "gemm")
+SECTIONS = ("casts", "linear", "jax", "sweep", "memory", "block", "gemm", "moe")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +85,7 @@ class Sizes:
     cast_iters: int
     timing: _timing.Timing
     sweep_timing: _timing.Timing  # more, shorter repeats: launch-bound steps are noisy
+    moe: tuple = ()  # bench/moe.py's MoEShapes
 
 
 FULL = Sizes(
@@ -97,6 +99,7 @@ FULL = Sizes(
     cast_iters=10,
     timing=_timing.Timing(warmup=3, repeats=5, target_s=0.05),
     sweep_timing=_timing.Timing(warmup=3, repeats=11, target_s=0.03),
+    moe=moe_bench.FULL,
 )
 SMALL = Sizes(
     linear=((64, 128, 256),),
@@ -108,6 +111,7 @@ SMALL = Sizes(
     cast_iters=1,
     timing=_timing.Timing(warmup=1, repeats=1, target_s=0.0),
     sweep_timing=_timing.Timing(warmup=1, repeats=1, target_s=0.0),
+    moe=moe_bench.SMALL,
 )
 
 
@@ -309,6 +313,50 @@ def jax_section(ctx: Context, sec: _record.Section) -> None:
                 )
 
 
+def moe(ctx: Context, sec: _record.Section) -> None:
+    """bench/moe.py: the experts of an MoE layer, bf16 against lowp's float8 recipes and
+    torchao's prototype side by side, per shape, routing and mode; then JAX."""
+    torchao_why = moe_bench.torchao_problem(ctx.device)
+    if torchao_why:
+        sec.note(f"no torchao rows: {torchao_why}")
+    variants = [("bf16", None)] + [("lowp", r) for r in ctx.float8_recipes()]
+    variants += [] if torchao_why else [("torchao", "float8_rowwise")]
+    for shape in ctx.sizes.moe:
+        for routing in moe_bench.ROUTINGS:
+            for mode in ctx.modes("modes"):
+
+                def measure(shape=shape, routing=routing, mode=mode):
+                    def failed(variant, error):
+                        sec.fail(f"moe {shape.key} {routing} {variant[0]} {mode}", error)
+
+                    try:
+                        return moe_bench.measure_interleaved(
+                            shape,
+                            routing,
+                            mode,
+                            variants,
+                            ctx.device,
+                            ctx.sizes.timing,
+                            ctx.backend,
+                            failed,
+                        )
+                    finally:
+                        linear_step.release(ctx.device)
+
+                sec.item(f"moe {shape.key} {routing} {mode}", measure)
+    if importlib.util.find_spec("jax") is None:
+        sec.note("no JAX rows: jax is not installed")
+        return
+    for shape in ctx.sizes.moe:
+        for routing in moe_bench.ROUTINGS:
+            sec.item(
+                f"moe jax {shape.key} {routing}",
+                lambda shape=shape, routing=routing: moe_bench.jax_measure(
+                    shape, routing, ctx.float8_recipes(), ctx.sizes.timing
+                ),
+            )
+
+
 def _format_cast(row) -> str:
     return (
         f"{row['scheme']:>16} {row['path']:>8}: {row['ms']:9.4f} ms {row['gb_per_s']:8.1f} GB/s "
@@ -330,6 +378,7 @@ RUNNERS = {
     "sweep": (sweep, linear_step.format_row),
     "memory": (memory, torch_block.format_row),
     "block": (block, torch_block.format_row),
+    "moe": (moe, moe_bench.format_row),
 }
 
 
@@ -430,6 +479,7 @@ _ROW_IDENTITY = {
     "sweep": ("M", "K", "N", "impl", "recipe", "mode"),
     "memory": ("recipe", "mode"),
     "block": ("recipe", "mode"),
+    "moe": ("shape", "routing", "impl", "recipe", "mode"),
 }
 
 

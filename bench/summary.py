@@ -46,6 +46,7 @@ def build(sections: dict) -> dict:
         "linear_fwd_bwd_speedup_vs_bf16": linear,
         "jax_dense_fwd_bwd_speedup_vs_bf16": _jax(rows("jax")),
         "slowest_vs_bf16_small_shapes": slowest["speedup_vs_bf16"] if slowest else None,
+        "moe_fwd_bwd_speedup_vs_bf16": _moe(rows("moe")),
         # --- detail ---
         "linear_fwd_bwd_detail": linear_detail,
         "slowest_small_shape": slowest,
@@ -61,7 +62,7 @@ def build(sections: dict) -> dict:
         "numerics_only": sorted(
             {
                 row["recipe"]
-                for name in ("linear", "jax", "sweep")
+                for name in ("linear", "jax", "sweep", "moe")
                 for row in rows(name)
                 if row.get("numerics_only")
             }
@@ -73,6 +74,21 @@ def build(sections: dict) -> dict:
         },
     }
     return summary
+
+
+def _moe(rows) -> dict:
+    """{recipe: {shape routing: {mode: bf16 ms / ms}}} of the rows of one run: the
+    "moe_fwd_bwd_speedup_vs_bf16" of bench/moe.py's rows (JAX's are "jax_lowp")."""
+    bf16 = {(r["shape"], r["routing"], r["mode"]): r["ms"] for r in rows if r["recipe"] == "bf16"}
+    out: dict = {}
+    for r in rows:
+        if r["recipe"] == "bf16":
+            continue
+        base = bf16.get((r["shape"], r["routing"], r["mode"]))
+        name = r["recipe"] if r["impl"] == "lowp" else f"{r['impl']} {r['recipe']}"
+        cell = out.setdefault(name, {}).setdefault(f"{r['shape']} {r['routing']}", {})
+        cell[r["mode"]] = round(base / r["ms"], 3) if base and r["ms"] else None
+    return out
 
 
 def _casts(rows) -> dict:
