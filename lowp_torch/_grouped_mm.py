@@ -177,7 +177,7 @@ def _masked_wgrad_f32(g, x, offs):
     return torch.stack([torch.where(m, g, 0).t() @ torch.where(m, x, 0) for m in masks])
 
 
-def _scaled_grouped_problem(gemm, kernel: str, device, dims, sizes) -> str | None:
+def _scaled_grouped_problem(gemm, kernel: str, device, dims, sizes, out_dtype) -> str | None:
     """None if `torch._scaled_grouped_mm` runs this GEMM, else why not."""
     if kernel == "emulated":
         return "kernel='emulated'"
@@ -193,6 +193,8 @@ def _scaled_grouped_problem(gemm, kernel: str, device, dims, sizes) -> str | Non
             return f"{op.tensor} is {op.scheme}, not float8_e4m3fn rowwise"
     if any(d % 16 for d in dims):
         return f"feature dims {dims} are not multiples of 16"
+    if out_dtype != torch.bfloat16:
+        return f"its output is {out_dtype}; the fp8 grouped GEMM writes bfloat16"
     if torch.compiler.is_compiling():
         return None  # the sizes were checked in eager mode; no host read here
     if bool((sizes % 16 != 0).any()):
@@ -204,7 +206,7 @@ def _product(gemm, a, b, sizes, offs, out_dtype, kernel: str, name: str) -> torc
     """One quantized grouped GEMM of the plan, on torch._scaled_grouped_mm or emulated."""
     (ac, as_), (bc, bs) = a, b
     dims = (ac.shape[-1], bc.shape[-2]) if gemm.name != "wgrad" else (ac.shape[0], bc.shape[0])
-    problem = _scaled_grouped_problem(gemm, kernel, ac.device, dims, sizes)
+    problem = _scaled_grouped_problem(gemm, kernel, ac.device, dims, sizes, out_dtype)
     if problem is None:
         return _scaled_grouped(gemm, a, b, offs, out_dtype)
     if kernel == "scaled_grouped_mm":
