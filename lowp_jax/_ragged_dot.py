@@ -221,10 +221,10 @@ def ragged_dot(
       recipe: a `lowp.Recipe` or its name.
 
     >>> import jax.numpy as jnp, lowp_jax
-    >>> out = lowp_jax.ragged_dot(jnp.ones((6, 32)), jnp.ones((2, 32, 16)),
+    >>> out = lowp_jax.ragged_dot(jnp.ones((6, 32)), jnp.ones((2, 32, 64)),
     ...                           jnp.array([2, 4]), recipe="mxfp8")
     >>> out.shape
-    (6, 16)
+    (6, 64)
     """
     if group_offset is not None:
         raise ValueError("lowp_jax.ragged_dot: group_offset is not supported, got one")

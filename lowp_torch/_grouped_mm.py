@@ -325,10 +325,10 @@ def grouped_mm(
       y (T, N) in x's dtype; dx in x's dtype and dw in w's under backward.
 
     >>> import torch, lowp_torch
-    >>> x, w = torch.randn(6, 32), torch.randn(2, 16, 32)
+    >>> x, w = torch.randn(6, 32), torch.randn(2, 64, 32)
     >>> y = lowp_torch.grouped_mm(x, w, torch.tensor([2, 6], dtype=torch.int32), "mxfp8")
     >>> tuple(y.shape)
-    (6, 16)
+    (6, 64)
     """
     if kernel not in KERNELS:
         raise ValueError(f"{name}: kernel must be one of {KERNELS}, got {kernel!r}")

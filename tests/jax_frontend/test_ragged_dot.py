@@ -125,3 +125,27 @@ def test_bad_input_is_named():
         lowp_jax.ragged_dot(lhs, rhs, jnp.array([4, 4]), group_offset=jnp.array(0))
     with pytest.raises(ValueError, match="dgrad GEMM cannot quantize g along N = 48"):
         lowp_jax.ragged_dot(lhs, jnp.ones((2, 64, 48)), jnp.array([4, 4]), recipe="mxfp8")
+
+
+@pytest.mark.slow
+def test_nnx_grouped_experts_trains_like_bf16():
+    nnx = pytest.importorskip("flax.nnx")
+    import lowp_jax.nnx
+
+    sizes = jnp.array([10, 0, 33, 21])
+    x = jax.random.normal(jax.random.key(0), (64, 64))
+    models = {
+        r: lowp_jax.nnx.GroupedExperts(64, 128, 4, recipe=r, rngs=nnx.Rngs(0))
+        for r in (None, "float8_rowwise")
+    }
+
+    @nnx.jit
+    def out_and_grads(model):
+        return nnx.value_and_grad(lambda m: jnp.mean(m(x, sizes) ** 2), has_aux=False)(model)
+
+    (ref, ref_grads), (got, got_grads) = (
+        out_and_grads(models[r]) for r in (None, "float8_rowwise")
+    )
+    assert abs(float(got) - float(ref)) < 0.05 * float(ref)
+    w1, w1_ref = np.asarray(got_grads["w1"][...]), np.asarray(ref_grads["w1"][...])
+    assert (w1[1] == 0).all() and _sqnr(w1, w1_ref) > 17
