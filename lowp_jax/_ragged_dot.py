@@ -49,7 +49,9 @@ def _segment_quantize(t, seg, segments: int, scheme, whole_rows: bool, name: str
     amax = jnp.maximum(jax.ops.segment_max(absb, seg, num_segments=segments), 0)
     a = jax.lax.bitcast_convert_type(amax, jnp.float32)
     pair = extend.pair_scheme(scheme)
-    stacked = jnp.stack([xf, jnp.broadcast_to(a[seg], xf.shape)], -1)
+    # A is the magnitude of one of t's elements: exact in t's dtype.
+    hp = jnp.asarray(t)
+    stacked = jnp.stack([hp, jnp.broadcast_to(a[seg].astype(hp.dtype), hp.shape)], -1)
     codes = _quantize.quantize(stacked, pair, name=name).codes[..., 0]
     scale = _quantize.quantize(jnp.stack([a, a], -1), pair, name=name).scale[..., 0]
     return codes, scale

@@ -66,9 +66,11 @@ def _segment_quantize(t, seg, segments: int, scheme, whole_rows: bool, name: str
     amax = amax.scatter_reduce(0, seg[:, None].expand(absb.shape), absb, "amax")
     a = amax.view(torch.float32)
     pair = extend.pair_scheme(scheme)
-    codes = _quantize.quantize(
-        torch.stack([xf, a[seg].expand(xf.shape)], -1), pair, name=name
-    ).codes[..., 0]
+    # A is the magnitude of one of t's elements: exact in t's dtype, so the pairs are
+    # half the bytes of float32 ones.
+    hp = t.detach()
+    pairs = torch.stack([hp, a[seg].to(hp.dtype).expand(hp.shape)], -1)
+    codes = _quantize.quantize(pairs, pair, name=name).codes[..., 0]
     scale = _quantize.quantize(torch.stack([a, a], -1), pair, name=name).scale[..., 0]
     return codes, scale
 
