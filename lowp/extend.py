@@ -58,9 +58,11 @@ How a recipe runs a linear layer (spec §8)
   DIM_NAMES                      what "M", "K", "N" are in a layer's terms.
 
 How a recipe runs the grouped GEMMs of a mixture of experts (spec §10)
-  GroupedPlan.of(recipe)         each grouped GEMM's operands (GroupedOperand: tensor,
+  GroupedPlan.of(recipe)         each grouped GEMM's operands (GroupedGemm; GroupedOperand: tensor,
                                  kind "rows" / "experts" / "tokens", scheme), and
                                  `check(k, n)`, the feature dims' shape check.
+  check_grouped_scheme(scheme, kind)
+                                 ValueError unless a scheme can scale that kind of operand.
   check_group_sizes(sizes, tokens), group_sizes_from_offs(offs, tokens)
                                  the canonical group sizes (int64) from either form.
   token_capacity(tokens, experts, block)
@@ -79,10 +81,12 @@ The small-shape policy of the training layers (spec §8)
 
 from lowp._formats import FLOAT4_E2M1FN, FLOAT8_E4M3FN, element_format
 from lowp._grouped import (
+    GroupedGemm,
     GroupedOperand,
     GroupedPlan,
     GroupedQTensor,
     check_group_sizes,
+    check_grouped_scheme,
     group_sizes_from_offs,
     pair_scheme,
     quantize_grouped,
@@ -125,6 +129,7 @@ __all__ = [
     "MX_MODES",
     "SCHEME_TYPES",
     "GemmPlan",
+    "GroupedGemm",
     "GroupedOperand",
     "GroupedPlan",
     "GroupedQTensor",
@@ -134,6 +139,7 @@ __all__ = [
     "blocked_matrix_shape",
     "call_pays",
     "check_group_sizes",
+    "check_grouped_scheme",
     "check_layout",
     "check_scheme",
     "codes_shape",

@@ -27,7 +27,11 @@ from lowp_torch._cast_kernels import cast_kernels
 from lowp_torch._config import LinearConfig
 from lowp_torch._convert import from_lowp, to_lowp
 from lowp_torch._gemm import scaled_matmul
-from lowp_torch._grouped_experts import GroupedExperts, convert_experts_to_training
+from lowp_torch._grouped_experts import (
+    GroupedExperts,
+    convert_experts_to_training,
+    quantize_experts_,
+)
 from lowp_torch._grouped_mm import grouped_mm, grouped_operands
 from lowp_torch._model import load_quantized, quantize_, save_quantized, to_inference
 from lowp_torch._qtensor import QuantizedTensor
@@ -58,6 +62,7 @@ __all__ = [
     "load_quantized",
     "quantize",
     "quantize_",
+    "quantize_experts_",
     "random_bits",
     "save_quantized",
     "scaled_matmul",

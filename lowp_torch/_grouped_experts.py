@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lowp_torch import _grouped_mm
+import lowp
+from lowp_torch import _grouped_mm, _qtensor, _quantize
 
 
 class GroupedExperts(nn.Module):
@@ -48,6 +49,10 @@ class GroupedExperts(nn.Module):
         return self._mm(h, self.w2, offs)
 
     def _mm(self, x, w, offs):
+        if isinstance(w, _qtensor.QuantizedTensor):  # `quantize_experts_`
+            return _grouped_mm.quantized_grouped_mm(
+                x, w, offs, getattr(self, "activation", None), name="GroupedExperts"
+            )
         if self.recipe is not None:
             return _grouped_mm.grouped_mm(x, w, offs, self.recipe, name="GroupedExperts")
         if x.is_cuda:
@@ -99,4 +104,28 @@ def convert_experts_to_training(model: nn.Module, recipe, filter_fn=None) -> nn.
             if child.w1.dim() != 3 or (filter_fn and not filter_fn(child, child_fqn)):
                 continue
             setattr(module, child_name, GroupedExperts.from_float(child, recipe))
+    return model
+
+
+def quantize_experts_(model: nn.Module, config) -> nn.Module:
+    """Inference: quantize, in place, the w1, w2, w3 of every `GroupedExperts` of `model`
+    with `config` (a `lowp.InferenceConfig` or preset name) into QuantizedTensors
+    (E, N, K); each call then quantizes its tokens with the config's activation scheme
+    (`quantized_grouped_mm`). The weight scheme must keep experts apart: rowwise or MX
+    (ValueError for tensorwise, whose one scale would cover every expert)."""
+    if isinstance(config, str):
+        config = lowp.InferenceConfig.from_name(config)
+    if isinstance(config.weight, lowp.TensorScaling):
+        raise ValueError(  # noqa: TRY004 - a valid scheme, not one for experts
+            f"quantize_experts_: {config.weight} has one scale for every expert; use a "
+            "rowwise or MX preset (one scale never covers two experts)"
+        )
+    for module in model.modules():
+        if not isinstance(module, GroupedExperts):
+            continue
+        for name in ("w1", "w2", "w3"):
+            w = getattr(module, name).detach()
+            q = _quantize.quantize(w, config.weight, name=name)
+            setattr(module, name, nn.Parameter(q, requires_grad=False))
+        module.activation = config.activation
     return model

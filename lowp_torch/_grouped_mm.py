@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 import lowp
 from lowp import extend
-from lowp_torch import _gemm, _log, _quantize
+from lowp_torch import _gemm, _log, _qtensor, _quantize
 
 KERNELS = ("auto", "scaled_grouped_mm", "emulated")
 
@@ -362,3 +362,32 @@ def grouped_operands(x, w, g, offs, recipe) -> dict:
             else tuple(quantize_operand(tensors[op.tensor], op, sizes) for op in (gemm.a, gemm.b))
         )
     return out
+
+
+def quantized_grouped_mm(x, wq, offs, activation=None, *, name: str = "grouped_mm"):
+    """Inference: y[e] = x[e] @ w[e].T with w a QuantizedTensor (E, N, K) quantized along K
+    per expert (AxisScaling or MXScaling: one scale never covers two experts), and x
+    quantized at the call with `activation` (a rows operand, spec §10), or not at all
+    (weight-only: the dequantized weights in float32). No gradient."""
+    if not isinstance(wq, _qtensor.QuantizedTensor) or wq.dim() != 3:
+        raise TypeError(f"{name}: expected a 3-D QuantizedTensor (E, N, K), got {wq!r:.80}")
+    w_scheme = _qtensor.scheme_of(wq)
+    if isinstance(w_scheme, lowp.TensorScaling):
+        raise ValueError(  # noqa: TRY004 - a valid scheme, not one for experts
+            f"{name}: {w_scheme} has one scale for every expert; quantize expert weights "
+            "rowwise or with MX blocks (one scale never covers two experts)"
+        )
+    extend.check_grouped_scheme(w_scheme, "experts")
+    _check(x, wq, offs, name)
+    sizes = group_sizes(offs, x.shape[0])
+    w_op = extend.GroupedOperand("w", "experts", w_scheme)
+    b = (wq.codes, wq.scale)
+    with torch.no_grad():
+        if activation is None:
+            wv = dequantize_operand(*b, w_op, sizes)
+            return _grouped_f32(x.float(), wv, offs).to(x.dtype)
+        x_op = extend.GroupedOperand("x", "rows", activation)
+        extend.check_grouped_scheme(activation, "rows")
+        gemm = extend.GroupedGemm("forward", x_op, w_op, fast_accum=True)
+        a = quantize_operand(x, x_op, sizes, f"{name}: x")
+        return _product(gemm, a, b, sizes, offs, x.dtype, "auto", name)

@@ -175,3 +175,30 @@ def test_scaled_grouped_mm_matches_the_emulation(sizes):
         results.append((y, xr.grad, wr.grad))
     for fast, emulated in zip(*results, strict=True):
         assert _sqnr(fast, emulated) >= 40
+
+
+@pytest.mark.parametrize("preset", ["float8_rowwise", "mxfp8", "float8_weight_only"])
+def test_quantized_experts_for_inference(preset):
+    """quantize_experts_: QuantizedTensor expert weights (E, N, K), the bytes of the
+    grouped reference's experts, and outputs close to the high-precision layer's."""
+    torch.manual_seed(0)
+    experts = lowp_torch.GroupedExperts(64, 128, 4)
+    counts = torch.tensor([10, 0, 33, 21])
+    x = torch.randn(64, 64)
+    with torch.no_grad():
+        ref = experts(x, counts)
+        w1 = experts.w1.detach().clone()
+        lowp_torch.quantize_experts_(experts, preset)
+        out = experts(x, counts)
+    q = experts.w1
+    assert isinstance(q, lowp_torch.QuantizedTensor) and tuple(q.shape) == (4, 128, 64)
+    scheme = lowp.InferenceConfig.from_name(preset).weight
+    want = extend.quantize_grouped(w1.numpy(), scheme, [1, 1, 1, 1], "experts")
+    np.testing.assert_array_equal(_bytes(q.codes), want.codes)
+    assert _sqnr(out, ref) > 18
+
+
+def test_tensorwise_expert_weights_are_refused():
+    experts = lowp_torch.GroupedExperts(32, 64, 2)
+    with pytest.raises(ValueError, match="one scale for every expert"):
+        lowp_torch.quantize_experts_(experts, "float8_tensorwise")
