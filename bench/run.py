@@ -83,6 +83,7 @@ from bench import (
     torch_block,
     torch_linear,
 )
+from bench import moe as moe_bench
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -98,6 +99,7 @@ SECTIONS = (
     "model_infer",
     "jax_model_train",
     "jax_model_infer",
+    "moe",
 )
 
 
@@ -117,6 +119,7 @@ class Sizes:
     cast_iters: int
     timing: _timing.Timing
     sweep_timing: _timing.Timing  # more, shorter repeats: launch-bound steps are noisy
+    moe: tuple = ()  # bench/moe.py's MoEShapes
 
 
 FULL = Sizes(
@@ -133,6 +136,7 @@ FULL = Sizes(
     cast_iters=10,
     timing=_timing.Timing(warmup=3, repeats=5, target_s=0.05),
     sweep_timing=_timing.Timing(warmup=3, repeats=11, target_s=0.03),
+    moe=moe_bench.FULL,
 )
 SMALL = Sizes(
     linear=((64, 128, 256),),
@@ -147,6 +151,7 @@ SMALL = Sizes(
     cast_iters=1,
     timing=_timing.Timing(warmup=1, repeats=1, target_s=0.0),
     sweep_timing=_timing.Timing(warmup=1, repeats=1, target_s=0.0),
+    moe=moe_bench.SMALL,
 )
 
 
@@ -407,6 +412,50 @@ def _jax_model_rows(ctx: Context, sec: _record.Section, task: str, tokens: tuple
         sec.item(f"jax {task} T={t}: every variant", measure)
 
 
+def moe(ctx: Context, sec: _record.Section) -> None:
+    """bench/moe.py: the experts of an MoE layer, bf16 against lowp's float8 recipes and
+    torchao's prototype side by side, per shape, routing and mode; then JAX."""
+    torchao_why = moe_bench.torchao_problem(ctx.device)
+    if torchao_why:
+        sec.note(f"no torchao rows: {torchao_why}")
+    variants = [("bf16", None)] + [("lowp", r) for r in ctx.float8_recipes()]
+    variants += [] if torchao_why else [("torchao", "float8_rowwise")]
+    for shape in ctx.sizes.moe:
+        for routing in moe_bench.ROUTINGS:
+            for mode in ctx.modes("modes"):
+
+                def measure(shape=shape, routing=routing, mode=mode):
+                    def failed(variant, error):
+                        sec.fail(f"moe {shape.key} {routing} {variant[0]} {mode}", error)
+
+                    try:
+                        return moe_bench.measure_interleaved(
+                            shape,
+                            routing,
+                            mode,
+                            variants,
+                            ctx.device,
+                            ctx.sizes.timing,
+                            ctx.backend,
+                            failed,
+                        )
+                    finally:
+                        linear_step.release(ctx.device)
+
+                sec.item(f"moe {shape.key} {routing} {mode}", measure)
+    if importlib.util.find_spec("jax") is None:
+        sec.note("no JAX rows: jax is not installed")
+        return
+    for shape in ctx.sizes.moe:
+        for routing in moe_bench.ROUTINGS:
+            sec.item(
+                f"moe jax {shape.key} {routing}",
+                lambda shape=shape, routing=routing: moe_bench.jax_measure(
+                    shape, routing, ctx.float8_recipes(), ctx.sizes.timing
+                ),
+            )
+
+
 def _format_cast(row) -> str:
     return (
         f"{row['scheme']:>16} {row['path']:>8}: {row['ms']:9.4f} ms {row['gb_per_s']:8.1f} GB/s "
@@ -432,6 +481,7 @@ RUNNERS = {
     "model_infer": (model_infer, model.format_row),
     "jax_model_train": (jax_model_train, model.format_row),
     "jax_model_infer": (jax_model_infer, model.format_row),
+    "moe": (moe, moe_bench.format_row),
 }
 
 
@@ -532,6 +582,11 @@ _ROW_IDENTITY = {
     "sweep": ("M", "K", "N", "impl", "recipe", "mode"),
     "memory": ("recipe", "mode"),
     "block": ("recipe", "mode"),
+    "moe": ("shape", "routing", "impl", "recipe", "mode"),
+    "model_train": ("framework", "task", "T", "variant", "mode"),
+    "model_infer": ("framework", "task", "T", "variant", "mode"),
+    "jax_model_train": ("framework", "task", "T", "variant", "mode"),
+    "jax_model_infer": ("framework", "task", "T", "variant", "mode"),
 }
 
 

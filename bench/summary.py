@@ -52,6 +52,7 @@ def build(sections: dict) -> dict:
         "model_infer_speedup_vs_bf16": _model_speedups(
             rows("model_infer") + rows("jax_model_infer")
         ),
+        "moe_fwd_bwd_speedup_vs_bf16": _moe(rows("moe")),
         # --- detail ---
         "linear_fwd_bwd_detail": linear_detail,
         "slowest_small_shape": slowest,
@@ -69,7 +70,7 @@ def build(sections: dict) -> dict:
         "numerics_only": sorted(
             {
                 row["recipe"]
-                for name in ("linear", "jax", "sweep")
+                for name in ("linear", "jax", "sweep", "moe")
                 for row in rows(name)
                 if row.get("numerics_only")
             }
@@ -104,6 +105,21 @@ def _model_compile_s(rows) -> dict:
         if r["mode"] in ("compiled", "jit"):
             entry = out.setdefault(r["framework"], {}).setdefault(str(r["T"]), {})
             entry[r["variant"]] = r["first_call_s"]
+    return out
+
+
+def _moe(rows) -> dict:
+    """{recipe: {shape routing: {mode: bf16 ms / ms}}} of the rows of one run: the
+    "moe_fwd_bwd_speedup_vs_bf16" of bench/moe.py's rows (JAX's are "jax_lowp")."""
+    bf16 = {(r["shape"], r["routing"], r["mode"]): r["ms"] for r in rows if r["recipe"] == "bf16"}
+    out: dict = {}
+    for r in rows:
+        if r["recipe"] == "bf16":
+            continue
+        base = bf16.get((r["shape"], r["routing"], r["mode"]))
+        name = r["recipe"] if r["impl"] == "lowp" else f"{r['impl']} {r['recipe']}"
+        cell = out.setdefault(name, {}).setdefault(f"{r['shape']} {r['routing']}", {})
+        cell[r["mode"]] = round(base / r["ms"], 3) if base and r["ms"] else None
     return out
 
 

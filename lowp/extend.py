@@ -65,12 +65,42 @@ Other tools' checkpoints (docs/checkpoints.md)
                                  RN_out(RN_mid(table[code] * multiplier)): the code-value
                                  table, per-group float32 multiplier and the two dtypes,
                                  for a frontend to run bit for bit on its own arrays.
+How a recipe runs the grouped GEMMs of a mixture of experts (spec §10)
+  GroupedPlan.of(recipe)         each grouped GEMM's operands (GroupedGemm; GroupedOperand: tensor,
+                                 kind "rows" / "experts" / "tokens", scheme), and
+                                 `check(k, n)`, the feature dims' shape check.
+  check_grouped_scheme(scheme, kind)
+                                 ValueError unless a scheme can scale that kind of operand.
+  check_group_sizes(sizes, tokens), group_sizes_from_offs(offs, tokens)
+                                 the canonical group sizes (int64) from either form.
+  token_capacity(tokens, experts, block)
+                                 MX scale slots per feature of an operand along tokens.
+  token_segments(group_sizes, block)
+                                 the run of tokens each scale covers (NumPy; frontends
+                                 mirror it with their own ops).
+  pair_scheme(scheme)            the scheme of the pair trick: a frontend quantizes
+                                 stack([x, amax of x's group], -1) with it.
+  quantize_grouped(t, scheme, group_sizes, kind) -> GroupedQTensor
+                                 the NumPy reference of a grouped operand's bytes.
 
 The small-shape policy of the training layers (spec §8)
   call_pays, layer_may_pay, describe_small_shape
 """
 
 from lowp._formats import FLOAT4_E2M1FN, FLOAT8_E4M3FN, element_format
+from lowp._grouped import (
+    GroupedGemm,
+    GroupedOperand,
+    GroupedPlan,
+    GroupedQTensor,
+    check_group_sizes,
+    check_grouped_scheme,
+    group_sizes_from_offs,
+    pair_scheme,
+    quantize_grouped,
+    token_capacity,
+    token_segments,
+)
 from lowp._groups import broadcast as group_broadcast
 from lowp._groups import expand as expand_groups
 from lowp._groups import reduction as group_reduction
@@ -108,12 +138,18 @@ __all__ = [
     "MX_MODES",
     "SCHEME_TYPES",
     "GemmPlan",
+    "GroupedGemm",
+    "GroupedOperand",
+    "GroupedPlan",
+    "GroupedQTensor",
     "LinearPlan",
     "OperandPlan",
     "ProducerPlan",
     "StoredLayout",
     "blocked_matrix_shape",
     "call_pays",
+    "check_group_sizes",
+    "check_grouped_scheme",
     "check_layout",
     "check_scheme",
     "codes_shape",
@@ -125,11 +161,16 @@ __all__ = [
     "from_spec",
     "group_broadcast",
     "group_reduction",
+    "group_sizes_from_offs",
     "layer_may_pay",
     "normalize_axis",
+    "pair_scheme",
     "poisoned_groups",
     "producer_plan",
+    "quantize_grouped",
     "random_source",
     "scale_format",
     "stored_scale_shape",
+    "token_capacity",
+    "token_segments",
 ]

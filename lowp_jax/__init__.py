@@ -19,6 +19,9 @@ turns the trained parameters or nnx model into the `quantize_params` form.
 Switches, each a scoped context manager read when a computation is traced:
 `cast_kernels("xla")` keeps the float8 casts off the Pallas kernel, and
 `gemm_output("float32")` has every fp8 GEMM write float32.
+
+Mixture of experts (spec §10): `ragged_dot(lhs, rhs, group_sizes, recipe=...)` is
+`jax.lax.ragged_dot` with a recipe's quantized grouped GEMMs and a custom VJP.
 """
 
 import importlib
@@ -31,6 +34,7 @@ from lowp_jax._params import load_quantized, quantize_params, save_quantized, to
 from lowp_jax._qarray import QArray, from_lowp, to_lowp
 from lowp_jax._quantize import dequantize, quantize
 from lowp_jax._quantized_dot import QuantizedDotGeneral, dot_general_cls
+from lowp_jax._ragged_dot import grouped_operands, ragged_dot
 from lowp_jax._rounding import random_bits
 from lowp_jax._training import (
     TrainingDotGeneral,
@@ -52,9 +56,11 @@ __all__ = [
     "fake_quantize",
     "from_lowp",
     "gemm_output",
+    "grouped_operands",
     "load_quantized",
     "quantize",
     "quantize_params",
+    "ragged_dot",
     "random_bits",
     "save_quantized",
     "scaled_matmul_problem",

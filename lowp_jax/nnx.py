@@ -4,11 +4,14 @@
 `QuantizedDotGeneral` (its kernel high precision, quantized at each call, or a QArray
 (out, in) from `lowp_jax.quantize_params`) or, for training, a `TrainingDotGeneral`.
 `quantize_model` converts an existing model's `nnx.Linear` layers for inference.
+`GroupedExperts` is an MoE layer's stacked SwiGLU experts on `lowp_jax.ragged_dot`.
 """
 
+import jax
+import jax.numpy as jnp
 from flax import nnx
 
-from lowp_jax import _params, _qarray, _quantized_dot, _training
+from lowp_jax import _params, _qarray, _quantized_dot, _ragged_dot, _training
 
 
 def promote_dtype(args, /, *, dtype=None, inexact=True):
@@ -127,4 +130,53 @@ def quantize_model(model: nnx.Module, config, filter_fn=None, *, impl: str = "au
     return quantized
 
 
-__all__ = ["Linear", "master_weight_promote_dtype", "promote_dtype", "quantize_model"]
+class GroupedExperts(nnx.Module):
+    """E SwiGLU experts over tokens sorted by expert (spec §10): `silu(x w1_e) * (x w3_e)`,
+    times w2_e, each a grouped GEMM, `lowp_jax.ragged_dot` with `recipe` or
+    `jax.lax.ragged_dot` without. Weights in ragged_dot's (G, K, N) layout: w1, w3
+    (E, dim, hidden), w2 (E, hidden, dim).
+
+    >>> import jax.numpy as jnp, lowp_jax.nnx
+    >>> from flax import nnx
+    >>> experts = lowp_jax.nnx.GroupedExperts(32, 64, 2, recipe="mxfp8", rngs=nnx.Rngs(0))
+    >>> experts(jnp.ones((5, 32)), jnp.array([2, 3])).shape
+    (5, 32)
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        hidden: int,
+        num_experts: int,
+        *,
+        recipe=None,
+        rngs: nnx.Rngs,
+        param_dtype=jnp.float32,
+    ):
+        init = jax.nn.initializers.truncated_normal
+
+        def param(fan_in, shape):
+            return nnx.Param(init(fan_in**-0.5)(rngs.params(), shape, param_dtype))
+
+        self.w1 = param(dim, (num_experts, dim, hidden))
+        self.w3 = param(dim, (num_experts, dim, hidden))
+        self.w2 = param(hidden, (num_experts, hidden, dim))
+        self.recipe = recipe
+
+    def __call__(self, x, group_sizes):
+        def mm(a, w):
+            if self.recipe is None:
+                return jax.lax.ragged_dot(a, w.astype(a.dtype), group_sizes)
+            return _ragged_dot.ragged_dot(a, w, group_sizes, recipe=self.recipe)
+
+        h = jax.nn.silu(mm(x, self.w1[...])) * mm(x, self.w3[...])
+        return mm(h, self.w2[...])
+
+
+__all__ = [
+    "GroupedExperts",
+    "Linear",
+    "master_weight_promote_dtype",
+    "promote_dtype",
+    "quantize_model",
+]

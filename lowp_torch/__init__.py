@@ -11,6 +11,9 @@ Training (spec §8): `convert_to_training(model, recipe)` swaps each nn.Linear f
 `Linear` whose forward, dgrad and wgrad GEMMs are quantized as the recipe says, in
 eager mode and under torch.compile; `training_operands` shows the bytes each GEMM gets;
 `to_inference` turns the trained model into `quantize_`'s inference form.
+Mixture of experts (spec §10): `grouped_mm(x, w, offs, recipe)` runs the three grouped
+GEMMs of stacked experts quantized, and `GroupedExperts` /
+`convert_experts_to_training` put it into a model.
 
 Speed without torch.compile: on CUDA, eager `quantize` runs fp8 tensorwise, rowwise
 and MX casts as fused Triton kernels (same bytes); `cast_kernels` picks the path.
@@ -25,6 +28,12 @@ from lowp_torch._checkpoints import dequantize_checkpoint
 from lowp_torch._config import LinearConfig
 from lowp_torch._convert import from_lowp, to_lowp
 from lowp_torch._gemm import scaled_matmul
+from lowp_torch._grouped_experts import (
+    GroupedExperts,
+    convert_experts_to_training,
+    quantize_experts_,
+)
+from lowp_torch._grouped_mm import grouped_mm, grouped_operands
 from lowp_torch._model import load_quantized, quantize_, save_quantized, to_inference
 from lowp_torch._qtensor import QuantizedTensor
 from lowp_torch._quantize import dequantize, quantize
@@ -40,17 +49,22 @@ from lowp_torch._training_linear import Linear, convert_to_training
 torch.serialization.add_safe_globals([QuantizedTensor, LinearConfig, *extend.SCHEME_TYPES])
 
 __all__ = [
+    "GroupedExperts",
     "Linear",
     "LinearConfig",
     "QuantizedTensor",
     "cast_kernels",
+    "convert_experts_to_training",
     "convert_to_training",
     "dequantize",
     "dequantize_checkpoint",
     "from_lowp",
+    "grouped_mm",
+    "grouped_operands",
     "load_quantized",
     "quantize",
     "quantize_",
+    "quantize_experts_",
     "random_bits",
     "save_quantized",
     "scaled_matmul",

@@ -27,7 +27,7 @@ import ml_dtypes
 import numpy as np
 
 import lowp
-from lowp_apps.conformance import cases, compare, gemm
+from lowp_apps.conformance import cases, compare, gemm, grouped
 
 NAMES = ("numpy", "torch_cpu", "torch_cuda_eager", "torch_cuda_compiled", "jax_cpu", "jax_gpu")
 
@@ -60,6 +60,11 @@ class NumpyBackend:
 
     def gemm_paths(self, case, a, b) -> list:
         return []  # the reference has no GEMM of its own: it is the float64 product
+
+    def grouped_operands(self, arrays, sizes, recipe) -> dict:
+        """The reference's grouped operands, of negatively strided views."""
+        views = {k: np.flip(np.ascontiguousarray(np.flip(v, -1)), -1) for k, v in arrays.items()}
+        return grouped.reference(views, sizes, recipe)
 
 
 class TorchBackend:
@@ -115,6 +120,28 @@ class TorchBackend:
     def gemm_paths(self, case, a, b) -> list:
         with self._dynamo_limits():
             return gemm.torch_paths(case, a, b, self.device, self.compiled)
+
+    def grouped_operands(self, arrays, sizes, recipe) -> dict:
+        """`lowp_torch.grouped_operands` on the device (compiled, for a compiled backend)."""
+        import torch
+
+        import lowp_torch
+
+        t = {
+            k: torch.from_numpy(_int_view(v)).view(torch.bfloat16).to(self.device)
+            for k, v in arrays.items()
+        }
+        offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device=self.device)
+        fn = lowp_torch.grouped_operands
+        if self.compiled:
+            fn = self._functions.setdefault("grouped", torch.compile(fn, dynamic=False))
+        with self._dynamo_limits():
+            ops = fn(t["x"], t["w"], t["g"], offs, recipe)
+        return {
+            name: tuple(tuple(_byte_array(a) for a in op) for op in pair)
+            for name, pair in ops.items()
+            if pair is not None
+        }
 
     def _outputs(self, config, t, kernels: str) -> tuple:
         """(the QuantizedTensor, Outputs fields) of t under cast_kernels(kernels)."""
@@ -228,6 +255,23 @@ class JaxBackend:
     def gemm_paths(self, case, a, b) -> list:
         return gemm.jax_paths(case, a, b, self._device())
 
+    def grouped_operands(self, arrays, sizes, recipe) -> dict:
+        """`lowp_jax.grouped_operands` under jit on the device."""
+        import jax
+
+        import lowp_jax
+
+        if "grouped" not in self._functions:
+            self._functions["grouped"] = jax.jit(lowp_jax.grouped_operands, static_argnums=4)
+        device = self._device()
+        x, w, g = (jax.device_put(arrays[k], device) for k in ("x", "w", "g"))
+        ops = self._functions["grouped"](x, w, g, jax.device_put(sizes, device), recipe)
+        return {
+            name: tuple(tuple(np.ascontiguousarray(np.asarray(a)) for a in op) for op in pair)
+            for name, pair in ops.items()
+            if pair is not None
+        }
+
     def _roundtrip(self, config):
         """quantize + dequantize in one jit, traced once per scheme and rounding (jit
         itself compiles once per shape and dtype)."""
@@ -245,6 +289,13 @@ class JaxBackend:
 
             self._functions[key] = jax.jit(roundtrip)
         return self._functions[key]
+
+
+def _byte_array(t) -> np.ndarray:
+    """A torch tensor's bytes as a NumPy uint8 array (last dim times the item size)."""
+    import torch
+
+    return t.detach().cpu().contiguous().view(torch.uint8).numpy()
 
 
 def _int_view(x: np.ndarray) -> np.ndarray:

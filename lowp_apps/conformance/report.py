@@ -11,7 +11,7 @@ import platform
 
 import numpy as np
 
-from lowp_apps.conformance import cases, run
+from lowp_apps.conformance import run
 
 MARKS = {"pass": "✓", "fail": "✗"}
 ASCII_MARKS = {"pass": "ok", "fail": "FAIL"}
@@ -42,7 +42,7 @@ def matrix_text(
     lines += [f"  {r.name:<20} {r.description}" for r in runs]
     lines += [f"  {name:<20} not run: {why}" for name, why in not_run.items()]
     header = ["scheme"] + [r.name for r in runs]
-    rows = [[kind] + [_cell_text(r.cells[kind], marks) for r in runs] for kind in cases.KINDS]
+    rows = [[kind] + [_cell_text(r.cells[kind], marks) for r in runs] for kind in run.ROWS]
     rows.append(["all"] + [_cell_text(_total(r), marks) for r in runs])
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines.append("")
@@ -98,8 +98,6 @@ def report_json(runs, not_run: dict, size: str, seconds: float) -> dict:
             "numpy": np.__version__,
         },
         "backends": backends,
-        "matrix": {
-            kind: {r.name: vars(r.cells[kind]).copy() for r in runs} for kind in cases.KINDS
-        },
+        "matrix": {kind: {r.name: vars(r.cells[kind]).copy() for r in runs} for kind in run.ROWS},
         "failures": [{"backend": r.name, **f} for r in runs for f in r.failures],
     }

@@ -12,9 +12,10 @@ import time
 import numpy as np
 
 import lowp
-from lowp_apps.conformance import cases, compare
+from lowp_apps.conformance import cases, compare, grouped
 
 MAX_RECORDED = 50  # mismatches kept in full per backend; all are counted
+ROWS = (*cases.KINDS, "grouped")  # the matrix rows: scheme kinds, then MoE grouped operands
 
 
 def check(backend, config: cases.Configuration, x: np.ndarray) -> list[str]:
@@ -81,8 +82,8 @@ def run_backend(backend, size: str, progress=None) -> BackendRun:
     start = time.time()
     plan = plan_size(size, backend)
     configurations = cases.configurations(plan)
-    cells = {kind: Cell() for kind in cases.KINDS}
-    failures = []
+    cells = {kind: Cell() for kind in ROWS}
+    failures: list = []
     for n, config in enumerate(configurations):
         cell = cells[config.kind]
         for edge, x in cases.inputs(config):
@@ -101,4 +102,25 @@ def run_backend(backend, size: str, progress=None) -> BackendRun:
                 failures.append({"configuration": config.id, "edge_case": edge, **record})
         if progress is not None:
             progress(n + 1, len(configurations))
+    _run_grouped(backend, plan, cells["grouped"], failures)
     return BackendRun(backend.name, backend.describe(), plan, cells, failures, time.time() - start)
+
+
+def _run_grouped(backend, plan: str, cell: Cell, failures: list) -> None:
+    """The grouped operands of MoE GEMMs (`grouped`): one case a routing and recipe."""
+    for case, recipe in grouped.cases(plan):
+        cell.cases += 1
+        try:
+            problems = grouped.check(backend, case, recipe)
+        except Exception as err:  # noqa: BLE001 - a crash is a failed case, reported
+            cell.errors += 1
+            record = {"error": f"{type(err).__name__}: {err}"[:2000]}
+        else:
+            if not problems:
+                continue
+            cell.mismatches += 1
+            record = {"problems": problems}
+        if len(failures) < MAX_RECORDED:
+            failures.append(
+                {"configuration": f"grouped {recipe}", "edge_case": case.name, **record}
+            )

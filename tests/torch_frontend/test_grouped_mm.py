@@ -1,0 +1,204 @@
+"""lowp_torch.grouped_mm (spec §10): the grouped operands' bytes against the NumPy
+reference, the GEMMs' SQNR against the high-precision grouped GEMM, autograd, compile,
+and GroupedExperts."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import lowp
+import lowp_torch
+from lowp import extend
+from lowp_torch import _grouped_mm
+
+RECIPES = ("float8_rowwise", "float8_tensorwise", "mxfp8", "float8_rowwise_gw_hp", "mxfp8_gw_hp")
+# empty experts, one token, all tokens in one expert, sizes off multiples of 16/32/128
+SIZES = {
+    "mixed": [0, 5, 40, 1, 18, 0, 33],
+    "one_token": [0, 1, 0],
+    "one_expert": [0, 0, 70, 0],
+    "odd": [17, 129, 31, 3],
+}
+# torchao's MoE training thresholds (dB) for out, dgrad, wgrad
+SQNR_MIN = {"mxfp8": (27, 25, 24), "float8": (18, 17, 17)}
+
+
+def _offs(sizes):
+    return torch.tensor(np.cumsum(sizes), dtype=torch.int32)
+
+
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    t = t.contiguous()
+    return t.view(torch.uint8).numpy() if t.dtype != torch.float32 else t.numpy().view(np.uint8)
+
+
+def _inputs(sizes, k=64, n=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    t = sum(sizes)
+    x = (torch.randn(t, k, generator=g) * 3).to(torch.bfloat16)
+    w = (torch.randn(len(sizes), n, k, generator=g) * 0.1).to(torch.bfloat16)
+    dy = torch.randn(t, n, generator=g).to(torch.bfloat16)
+    return x, w, dy
+
+
+@pytest.mark.parametrize("sizes", sorted(SIZES))
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_operands_are_the_reference_bytes(recipe, sizes):
+    sizes = SIZES[sizes]
+    x, w, dy = _inputs(sizes)
+    if sum(sizes) > 10:
+        x[7, 3] = float("nan")  # poisons its expert's groups only
+    ops = lowp_torch.grouped_operands(x, w, dy, _offs(sizes), recipe)
+    plan = extend.GroupedPlan.of(lowp.Recipe.from_name(recipe))
+    tensors = {"x": x, "w": w, "g": dy, "w.T": w.transpose(-2, -1), "g.T": dy, "x.T": x}
+    for gemm in plan.gemms():
+        for op, (codes, scale) in zip((gemm.a, gemm.b), ops[gemm.name], strict=True):
+            hp = tensors[op.tensor].float().numpy().astype(ml_dtypes.bfloat16)
+            ref = extend.quantize_grouped(hp, op.scheme, sizes, op.kind)
+            np.testing.assert_array_equal(_bytes(codes), ref.codes, err_msg=op.tensor)
+            np.testing.assert_array_equal(_bytes(scale), ref.scale.view(np.uint8), op.tensor)
+
+
+def _sqnr(a, ref):
+    a, ref = a.detach().float(), ref.detach().float()
+    return float(20 * torch.log10(ref.norm() / (a - ref).norm()))
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_sqnr_against_the_high_precision_grouped_gemm(recipe):
+    sizes = [0, 100, 37, 256, 1, 118]
+    x, w, dy = _inputs(sizes, k=256, n=128, seed=1)
+    offs = _offs(sizes)
+    x.requires_grad_()
+    w.requires_grad_()
+    y = lowp_torch.grouped_mm(x, w, offs, recipe)
+    y.backward(dy)
+    xf, wf, gf = x.detach().float(), w.detach().float(), dy.float()
+    y_ref = _grouped_mm._grouped_f32(xf, wf, offs)
+    dx_ref = _grouped_mm._grouped_f32(gf, wf.transpose(-2, -1), offs)
+    dw_ref = _grouped_mm._grouped_wgrad_f32(gf, xf, offs)
+    minimum = SQNR_MIN["mxfp8" if recipe.startswith("mx") else "float8"]
+    got = (_sqnr(y, y_ref), _sqnr(x.grad, dx_ref), _sqnr(w.grad, dw_ref))
+    assert all(s >= m for s, m in zip(got, minimum, strict=True)), got
+    assert (w.grad[0] == 0).all()  # an expert without tokens has no gradient
+    assert y.dtype == x.grad.dtype == w.grad.dtype == torch.bfloat16
+
+
+def test_nan_in_one_expert_stays_there():
+    sizes = [16, 16, 16]
+    x, w, dy = _inputs(sizes)
+    x[20, 1] = float("inf")
+    x.requires_grad_()
+    w.requires_grad_()
+    y = lowp_torch.grouped_mm(x, w, _offs(sizes), "mxfp8")
+    y.backward(dy)
+    assert y[16:32].isnan().any() and not y[:16].isnan().any() and not y[32:].isnan().any()
+    assert w.grad[1].isnan().any() and not w.grad[0].isnan().any() and not w.grad[2].isnan().any()
+
+
+def test_bad_input_is_named():
+    x, w, _ = _inputs([4, 4])
+    with pytest.raises(ValueError, match=r"sum to 7, the input has 8"):
+        lowp_torch.grouped_mm(x, w, torch.tensor([3, 7], dtype=torch.int32))
+    with pytest.raises(ValueError, match="int32"):
+        lowp_torch.grouped_mm(x, w, torch.tensor([4, 8]))
+    with pytest.raises(ValueError, match="dgrad GEMM cannot quantize g along N = 48"):
+        lowp_torch.grouped_mm(
+            x, torch.zeros(2, 48, 64), torch.tensor([4, 8], dtype=torch.int32), "mxfp8"
+        )
+    with pytest.raises(ValueError, match="kernel='scaled_grouped_mm' cannot run it: cpu"):
+        lowp_torch.grouped_mm(
+            x, w, torch.tensor([4, 8], dtype=torch.int32), kernel="scaled_grouped_mm"
+        )
+
+
+def test_masked_emulation_equals_grouped_mm():
+    """The compiled path's emulation (masked dense GEMMs) against torch._grouped_mm's."""
+    sizes = [0, 5, 40, 1, 18]
+    x, w, dy = (t.float() for t in _inputs(sizes))
+    x[3, 2] = float("nan")
+    offs = _offs(sizes)
+    y, y_masked = _grouped_mm._grouped_f32(x, w, offs), _grouped_mm._masked_f32(x, w, offs)
+    torch.testing.assert_close(y_masked, y, equal_nan=True)
+    dw = _grouped_mm._grouped_wgrad_f32(dy, x, offs)
+    torch.testing.assert_close(_grouped_mm._masked_wgrad_f32(dy, x, offs), dw, equal_nan=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["float8_rowwise", "mxfp8"])
+def test_compiled_equals_eager(recipe):
+    sizes = [0, 20, 12, 32]
+    x, w, dy = (t.float() for t in _inputs(sizes))
+    offs = _offs(sizes)
+    grads = []
+    for fn in (lowp_torch.grouped_mm, torch.compile(lowp_torch.grouped_mm)):
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = fn(xr, wr, offs, recipe)
+        y.backward(dy)
+        grads.append((y.detach(), xr.grad, wr.grad))
+    for eager, compiled in zip(*grads, strict=True):
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_experts_converts_and_trains():
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"experts": lowp_torch.GroupedExperts(64, 128, 4)})
+    counts = torch.tensor([10, 0, 33, 21])
+    x = torch.randn(64, 64)
+    ref = model["experts"](x, counts)
+    lowp_torch.convert_experts_to_training(model, "float8_rowwise")
+    experts = model["experts"]
+    assert experts.recipe == "float8_rowwise"
+    out = experts(x, counts)
+    assert _sqnr(out, ref) > 18
+    out.square().mean().backward()
+    assert experts.w1.grad is not None and (experts.w1.grad[1] == 0).all()
+
+
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+@pytest.mark.skipif(not _sm90(), reason="torch._scaled_grouped_mm needs CUDA sm_90+")
+@pytest.mark.parametrize("sizes", [[0, 32, 16, 208], [64, 64, 64, 64]])
+def test_scaled_grouped_mm_matches_the_emulation(sizes):
+    """The fp8 grouped GEMMs (spec §7: >= 40 dB against the dequantized operands'
+    product, which the emulation computes) on the same operands' bytes."""
+    x, w, dy = (t.cuda() for t in _inputs(sizes, k=256, n=128, seed=2))
+    offs = _offs(sizes).cuda()
+    results = []
+    for kernel in ("scaled_grouped_mm", "emulated"):
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = lowp_torch.grouped_mm(xr, wr, offs, "float8_rowwise", kernel=kernel)
+        y.backward(dy)
+        results.append((y, xr.grad, wr.grad))
+    for fast, emulated in zip(*results, strict=True):
+        assert _sqnr(fast, emulated) >= 40
+
+
+@pytest.mark.parametrize("preset", ["float8_rowwise", "mxfp8", "float8_weight_only"])
+def test_quantized_experts_for_inference(preset):
+    """quantize_experts_: QuantizedTensor expert weights (E, N, K), the bytes of the
+    grouped reference's experts, and outputs close to the high-precision layer's."""
+    torch.manual_seed(0)
+    experts = lowp_torch.GroupedExperts(64, 128, 4)
+    counts = torch.tensor([10, 0, 33, 21])
+    x = torch.randn(64, 64)
+    with torch.no_grad():
+        ref = experts(x, counts)
+        w1 = experts.w1.detach().clone()
+        lowp_torch.quantize_experts_(experts, preset)
+        out = experts(x, counts)
+    q = experts.w1
+    assert isinstance(q, lowp_torch.QuantizedTensor) and tuple(q.shape) == (4, 128, 64)
+    scheme = lowp.InferenceConfig.from_name(preset).weight
+    want = extend.quantize_grouped(w1.numpy(), scheme, [1, 1, 1, 1], "experts")
+    np.testing.assert_array_equal(_bytes(q.codes), want.codes)
+    assert _sqnr(out, ref) > 18
+
+
+def test_tensorwise_expert_weights_are_refused():
+    experts = lowp_torch.GroupedExperts(32, 64, 2)
+    with pytest.raises(ValueError, match="one scale for every expert"):
+        lowp_torch.quantize_experts_(experts, "float8_tensorwise")
