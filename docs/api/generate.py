@@ -26,6 +26,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 # page file -> the module it documents, in the order of the index.
 PAGES = {
     "lowp.md": "lowp",
+    "lowp.checkpoints.md": "lowp.checkpoints",
     "lowp_torch.md": "lowp_torch",
     "lowp_jax.md": "lowp_jax",
     "lowp_jax.nnx.md": "lowp_jax.nnx",
@@ -36,6 +37,7 @@ PACKAGES = ("lowp", "lowp_torch", "lowp_jax", "lowp_apps")
 # What a page needs installed, beyond lowp: a check skips the page where it is absent.
 REQUIRES = {
     "lowp.md": (),
+    "lowp.checkpoints.md": (),
     "lowp_torch.md": ("torch",),
     "lowp_jax.md": ("jax",),
     "lowp_jax.nnx.md": ("jax", "flax"),
