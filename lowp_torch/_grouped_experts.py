@@ -40,7 +40,8 @@ class GroupedExperts(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Draw each expert weight from a normal of std 1/sqrt(fan-in), truncated at 2 std."""
+        """Draw each expert weight from a normal of std 1/sqrt(fan-in) (`trunc_normal_`, whose
+        cutoffs at +-2 lie far outside such a std)."""
         for w in (self.w1, self.w2, self.w3):
             nn.init.trunc_normal_(w, std=w.shape[-1] ** -0.5)
 
