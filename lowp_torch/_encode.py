@@ -47,7 +47,7 @@ def encode(v: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     e32 = _bits.biased_exponent(b)
     mant = b & _bits.MANT_MASK
     # 24-bit significand; a float32 subnormal has no implicit bit and exponent 1.
-    sig = torch.where(e32 > 0, mant | (1 << 23), mant)
+    sig = mant | (~_bits.zero_mask(e32) & (1 << 23))
     target_exp = torch.clamp(e32, min=1) - 127 + fmt.bias  # biased exponent in fmt
     field = torch.clamp(target_exp, min=1)  # subnormals share the min-normal exponent
     # Bits of `sig` dropped: the mantissa narrowing plus the subnormal shift, capped at
@@ -57,10 +57,12 @@ def encode(v: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     kept = sig >> shift
     rest = sig & ((one << shift) - 1)
     half = one << (shift - 1)
-    round_up = (rest > half) | ((rest == half) & ((kept & 1) == 1))
+    above = _bits.negative_mask(half - rest)  # masks: rest > half, rest == half
+    tie_to_odd = _bits.zero_mask(rest ^ half) & -(kept & 1)
+    round_up = (above | tie_to_odd) & 1
     # `kept` carries the implicit bit at position mbits for normals, so the exponent
     # field is added as (field - 1); a mantissa carry rolls into the exponent.
-    magnitude = ((field - 1) << fmt.mbits) + kept + round_up.to(torch.int32)
+    magnitude = ((field - 1) << fmt.mbits) + kept + round_up
     code = (sign << (fmt.ebits + fmt.mbits)) | magnitude
     return code.to(torch.uint8)
 
@@ -75,8 +77,8 @@ def decode(codes: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     if native is not None:  # every float8 value is a float32 one: the cast is exact
         if codes.dtype != native:  # uint8 codes, or wider integers holding one code each
             codes = (codes if codes.dtype == torch.uint8 else codes.to(torch.uint8)).view(native)
-        values = codes.to(torch.float32)
-        return _bits.from_bits(torch.where(torch.isnan(values), _bits.NAN_F32, _bits.bits(values)))
+        values = _bits.bits(codes.to(torch.float32))
+        return _bits.from_bits(_bits.select(_bits.nan_mask(values), _bits.NAN_F32, values))
     c = codes.to(torch.int32)
     sign = ((c >> (fmt.ebits + fmt.mbits)) & 1) << 31
     exp_field = (c >> fmt.mbits) & ((1 << fmt.ebits) - 1)
@@ -84,17 +86,17 @@ def decode(codes: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     normal = ((exp_field - fmt.bias + 127) << 23) | (mant << (23 - fmt.mbits))
     # A subnormal code is m * 2**(1 - bias - mbits); normalise m by hand. With
     # mbits <= 3, m in 1..7 has its leading one at bit `lead` = 0, 1 or 2.
-    lead = (mant >= 2).to(torch.int32) + (mant >= 4).to(torch.int32)
+    lead = 1 + _bits.zero_mask(mant >> 1) + (mant >> 2)  # (mant >= 2) + (mant >= 4)
     sub_exp = lead + (1 - fmt.bias - fmt.mbits + 127)
     sub_mant = (mant - (torch.ones_like(lead) << lead)) << (23 - lead)
-    subnormal = torch.where(mant == 0, 0, (sub_exp << 23) | sub_mant)
-    magnitude = torch.where(exp_field > 0, normal, subnormal)
+    subnormal = ((sub_exp << 23) | sub_mant) & ~_bits.zero_mask(mant)
+    magnitude = _bits.select(_bits.zero_mask(exp_field), subnormal, normal)
     out = magnitude | sign
     if fmt.inf_code is not None:
-        out = torch.where((c & 0x7F) == fmt.inf_code, _bits.INF_BITS | sign, out)
+        out = _bits.select(_bits.zero_mask((c & 0x7F) ^ fmt.inf_code), _bits.INF_BITS | sign, out)
     if fmt.nan_codes:
-        nan = torch.zeros_like(c, dtype=torch.bool)
+        nan = torch.zeros_like(c)
         for code in fmt.nan_codes:
-            nan = nan | (c == code)
-        out = torch.where(nan, _bits.NAN_F32, out)
+            nan = nan | _bits.zero_mask(c ^ code)
+        out = _bits.select(nan, _bits.NAN_F32, out)
     return _bits.from_bits(out)
