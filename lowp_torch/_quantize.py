@@ -273,7 +273,9 @@ def _quantize_nvfp4(xf, absb, scheme, random, block_amax_bits, block_poisoned):
         p_is_zero, _bits.FLT_MAX, _bits.div_rn32(1.0, safe_p)
     )  # min(., FLT_MAX) inside
     v = _bits.ftz(xf * _groups.expand(inv, scheme, tuple(xf.shape)))
-    codes = _encode_elements(v, _E2M1, random, _poison_mask(block_poisoned, scheme, tuple(xf.shape)))
+    codes = _encode_elements(
+        v, _E2M1, random, _poison_mask(block_poisoned, scheme, tuple(xf.shape))
+    )
     scale_bytes = torch.where(block_poisoned, _E4M3.nan_codes[0], sb.to(torch.int32)).to(
         torch.uint8
     )
@@ -349,7 +351,9 @@ def dequantize(q: _qtensor.QuantizedTensor, out_dtype: torch.dtype | None = None
         s = scale.to(torch.int32)
         exponent = torch.where(s == 0xFF, 127, s) - 127
         first, second = _bits.pow2_factors(exponent)  # mul_pow2, its factors per group
-        out = (values * _groups.expand(first, scheme, shape)) * _groups.expand(second, scheme, shape)
+        out = (values * _groups.expand(first, scheme, shape)) * _groups.expand(
+            second, scheme, shape
+        )
     elif scheme.family == "nvfp4":
         s_dec = 1.0 if q.global_scale is None else _bits.ftz(q.global_scale)
         p = _bits.ftz(_encode.decode(scale, _E4M3) * s_dec)
