@@ -24,12 +24,20 @@ from lowp_torch._cast_kernels import cast_kernels
 from lowp_torch._config import LinearConfig
 from lowp_torch._convert import from_lowp, to_lowp
 from lowp_torch._gemm import scaled_matmul
-from lowp_torch._model import load_quantized, quantize_, save_quantized, to_inference
+from lowp_torch._model import (
+    load_quantized,
+    memory_footprint,
+    quantize_,
+    save_quantized,
+    to_inference,
+)
+from lowp_torch._pretrained import from_pretrained, save_pretrained
 from lowp_torch._qtensor import QuantizedTensor
 from lowp_torch._quantize import dequantize, quantize
 from lowp_torch._rounding import random_bits
 from lowp_torch._training import training_operands
 from lowp_torch._training_linear import Linear, convert_to_training
+from lowp_torch._weight_cache import weight_cache
 
 # torch.load(weights_only=True), the default since torch 2.6, unpickles only allowlisted
 # globals. A state_dict of a quantize_'d model pickles QuantizedTensors, which carry
@@ -46,13 +54,17 @@ __all__ = [
     "convert_to_training",
     "dequantize",
     "from_lowp",
+    "from_pretrained",
     "load_quantized",
+    "memory_footprint",
     "quantize",
     "quantize_",
     "random_bits",
+    "save_pretrained",
     "save_quantized",
     "scaled_matmul",
     "to_inference",
     "to_lowp",
     "training_operands",
+    "weight_cache",
 ]
