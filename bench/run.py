@@ -24,6 +24,9 @@ goes on; with --time-budget, items that no longer fit are skipped and recorded):
   memory  peak CUDA memory of an eager transformer-block training step per recipe.
   block   that block's training step timed, bf16 vs each float8 recipe, eager and
           compiled (bench/torch_block.py), with its peak memory.
+  cpu_model  a Hugging Face transformers BERT (all-MiniLM-L6-v2) forward on the CPU,
+          float32 vs each inference preset (bench/cpu_model.py). Runs on the CPU
+          whatever --device says, and only when asked for by name.
 
 MX recipes have no MX GEMM before sm_100: on Hopper (and CPU) their GEMMs are
 emulated, and their rows say "numerics only". Results: bench/results/run_<device>_<time>.json
@@ -64,11 +67,21 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import lowp
-from bench import _record, _timing, gemm_limit, linear_step, summary, torch_block, torch_linear
+from bench import (
+    _record,
+    _timing,
+    cpu_model,
+    gemm_limit,
+    linear_step,
+    summary,
+    torch_block,
+    torch_linear,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-SECTIONS = ("casts", "linear", "jax", "sweep", "memory", "block", "gemm")
+SECTIONS = ("casts", "linear", "jax", "sweep", "memory", "block", "gemm", "cpu_model")
+DEFAULT_SECTIONS = SECTIONS[:-1]  # the GPU run; cpu_model runs when named
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +97,8 @@ class Sizes:
     cast_iters: int
     timing: _timing.Timing
     sweep_timing: _timing.Timing  # more, shorter repeats: launch-bound steps are noisy
+    cpu_batch: int  # cpu_model's sentences
+    cpu_timing: _timing.Timing
 
 
 FULL = Sizes(
@@ -97,6 +112,8 @@ FULL = Sizes(
     cast_iters=10,
     timing=_timing.Timing(warmup=3, repeats=5, target_s=0.05),
     sweep_timing=_timing.Timing(warmup=3, repeats=11, target_s=0.03),
+    cpu_batch=8,
+    cpu_timing=_timing.Timing(warmup=1, repeats=5, target_s=0.3),
 )
 SMALL = Sizes(
     linear=((64, 128, 256),),
@@ -108,6 +125,8 @@ SMALL = Sizes(
     cast_iters=1,
     timing=_timing.Timing(warmup=1, repeats=1, target_s=0.0),
     sweep_timing=_timing.Timing(warmup=1, repeats=1, target_s=0.0),
+    cpu_batch=2,
+    cpu_timing=_timing.Timing(warmup=1, repeats=1, target_s=0.0),
 )
 
 
@@ -272,6 +291,15 @@ def _block_row(ctx, recipe, mode, timing) -> dict:
         linear_step.release(ctx.device)
 
 
+def cpu_model_section(ctx: Context, sec: _record.Section) -> None:
+    presets = lowp.InferenceConfig.names()
+    sec.note("on the CPU every GEMM is emulated: dequantize, float32 matmul (spec §7)")
+    sec.item(
+        "transformers BERT: float32 and every inference preset",
+        lambda: cpu_model.measure(presets, ctx.sizes.cpu_batch, ctx.sizes.cpu_timing),
+    )
+
+
 def jax_section(ctx: Context, sec: _record.Section) -> None:
     """torch gives its cached GPU memory back first (`release`): JAX allocates its own."""
     linear_step.release(ctx.device)
@@ -330,6 +358,7 @@ RUNNERS = {
     "sweep": (sweep, linear_step.format_row),
     "memory": (memory, torch_block.format_row),
     "block": (block, torch_block.format_row),
+    "cpu_model": (cpu_model_section, cpu_model.format_row),
 }
 
 
@@ -430,6 +459,7 @@ _ROW_IDENTITY = {
     "sweep": ("M", "K", "N", "impl", "recipe", "mode"),
     "memory": ("recipe", "mode"),
     "block": ("recipe", "mode"),
+    "cpu_model": ("model", "preset", "batch"),
 }
 
 
@@ -470,7 +500,9 @@ def parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma list, run in order")
+    parser.add_argument(
+        "--sections", default=",".join(DEFAULT_SECTIONS), help="comma list, run in order"
+    )
     parser.add_argument("--small", action="store_true", help="tiny shapes: a CPU smoke run")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--recipes", default=",".join(lowp.Recipe.names()), help="comma list")
