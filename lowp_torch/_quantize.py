@@ -340,8 +340,9 @@ def dequantize(q: _qtensor.QuantizedTensor, out_dtype: torch.dtype | None = None
     fmt = extend.element_format(scheme.fmt)
     codes = _storage.as_bytes(q.codes)
     if fmt.name == "float4_e2m1fn":
-        codes = _layouts.unpack_fp4(codes)
-    values = _encode.decode(codes, fmt)
+        values = _encode.decode_fp4_packed(codes, fmt)
+    else:
+        values = _encode.decode(codes, fmt)
     scale = _plain_scale_bytes_or_float(q)
 
     if scheme.family == "float":
