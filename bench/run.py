@@ -33,6 +33,9 @@ goes on; with --time-budget, items that no longer fit are skipped and recorded):
   jax_model_train, jax_model_infer  the same slice in flax linen, jitted: bf16, lowp's
           training dot / quantized kernels with their defaults, flax's fp8 dot
           (bench/jax_model.py).
+  cpu_model  a Hugging Face transformers BERT (all-MiniLM-L6-v2) forward on the CPU,
+          float32 vs each inference preset (bench/cpu_model.py). Runs on the CPU
+          whatever --device says, and only when asked for by name.
 
 MX recipes have no MX GEMM before sm_100: on Hopper (and CPU) their GEMMs are
 emulated, and their rows say "numerics only". Results: bench/results/run_<device>_<time>.json
@@ -76,6 +79,7 @@ import lowp
 from bench import (
     _record,
     _timing,
+    cpu_model,
     gemm_limit,
     linear_step,
     model,
@@ -100,7 +104,9 @@ SECTIONS = (
     "jax_model_train",
     "jax_model_infer",
     "moe",
+    "cpu_model",
 )
+DEFAULT_SECTIONS = SECTIONS[:-1]  # the GPU run; cpu_model runs when named
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +125,9 @@ class Sizes:
     cast_iters: int
     timing: _timing.Timing
     sweep_timing: _timing.Timing  # more, shorter repeats: launch-bound steps are noisy
-    moe: tuple = ()  # bench/moe.py's MoEShapes
+    moe: tuple  # bench/moe.py's MoEShapes
+    cpu_batch: int  # cpu_model's sentences
+    cpu_timing: _timing.Timing
 
 
 FULL = Sizes(
@@ -137,6 +145,8 @@ FULL = Sizes(
     timing=_timing.Timing(warmup=3, repeats=5, target_s=0.05),
     sweep_timing=_timing.Timing(warmup=3, repeats=11, target_s=0.03),
     moe=moe_bench.FULL,
+    cpu_batch=8,
+    cpu_timing=_timing.Timing(warmup=1, repeats=5, target_s=0.3),
 )
 SMALL = Sizes(
     linear=((64, 128, 256),),
@@ -152,6 +162,8 @@ SMALL = Sizes(
     timing=_timing.Timing(warmup=1, repeats=1, target_s=0.0),
     sweep_timing=_timing.Timing(warmup=1, repeats=1, target_s=0.0),
     moe=moe_bench.SMALL,
+    cpu_batch=2,
+    cpu_timing=_timing.Timing(warmup=1, repeats=1, target_s=0.0),
 )
 
 
@@ -314,6 +326,15 @@ def _block_row(ctx, recipe, mode, timing) -> dict:
         return torch_block.measure(recipe, mode, ctx.sizes.block, ctx.device, timing, ctx.backend)
     finally:
         linear_step.release(ctx.device)
+
+
+def cpu_model_section(ctx: Context, sec: _record.Section) -> None:
+    presets = lowp.InferenceConfig.names()
+    sec.note("on the CPU every GEMM is emulated: dequantize, float32 matmul (spec §7)")
+    sec.item(
+        "transformers BERT: float32 and every inference preset",
+        lambda: cpu_model.measure(presets, ctx.sizes.cpu_batch, ctx.sizes.cpu_timing),
+    )
 
 
 def jax_section(ctx: Context, sec: _record.Section) -> None:
@@ -482,6 +503,7 @@ RUNNERS = {
     "jax_model_train": (jax_model_train, model.format_row),
     "jax_model_infer": (jax_model_infer, model.format_row),
     "moe": (moe, moe_bench.format_row),
+    "cpu_model": (cpu_model_section, cpu_model.format_row),
 }
 
 
@@ -587,6 +609,7 @@ _ROW_IDENTITY = {
     "model_infer": ("framework", "task", "T", "variant", "mode"),
     "jax_model_train": ("framework", "task", "T", "variant", "mode"),
     "jax_model_infer": ("framework", "task", "T", "variant", "mode"),
+    "cpu_model": ("model", "preset", "batch"),
 }
 
 
@@ -627,7 +650,9 @@ def parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma list, run in order")
+    parser.add_argument(
+        "--sections", default=",".join(DEFAULT_SECTIONS), help="comma list, run in order"
+    )
     parser.add_argument("--small", action="store_true", help="tiny shapes: a CPU smoke run")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--recipes", default=",".join(lowp.Recipe.names()), help="comma list")

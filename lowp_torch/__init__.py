@@ -34,12 +34,20 @@ from lowp_torch._grouped_experts import (
     quantize_experts_,
 )
 from lowp_torch._grouped_mm import grouped_mm, grouped_operands
-from lowp_torch._model import load_quantized, quantize_, save_quantized, to_inference
+from lowp_torch._model import (
+    load_quantized,
+    memory_footprint,
+    quantize_,
+    save_quantized,
+    to_inference,
+)
+from lowp_torch._pretrained import from_pretrained, save_pretrained
 from lowp_torch._qtensor import QuantizedTensor
 from lowp_torch._quantize import dequantize, quantize
 from lowp_torch._rounding import random_bits
 from lowp_torch._training import training_operands
 from lowp_torch._training_linear import Linear, convert_to_training
+from lowp_torch._weight_cache import weight_cache
 
 # torch.load(weights_only=True), the default since torch 2.6, unpickles only allowlisted
 # globals. A state_dict of a quantize_'d model pickles QuantizedTensors, which carry
@@ -59,16 +67,20 @@ __all__ = [
     "dequantize",
     "dequantize_checkpoint",
     "from_lowp",
+    "from_pretrained",
     "grouped_mm",
     "grouped_operands",
     "load_quantized",
+    "memory_footprint",
     "quantize",
     "quantize_",
     "quantize_experts_",
     "random_bits",
+    "save_pretrained",
     "save_quantized",
     "scaled_matmul",
     "to_inference",
     "to_lowp",
     "training_operands",
+    "weight_cache",
 ]

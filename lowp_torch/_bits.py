@@ -4,6 +4,11 @@ Every value that reaches a stored byte is built from int32 views of float32: int
 operations are exact on every device and under every compiler, and immune to hardware
 that flushes subnormals. The only float operations left are single products (each
 rounded once) and divisions done in float64 and rounded once to float32 (`div_rn32`).
+
+Selections on element-shaped tensors are int32 masks (-1 where a condition holds, else
+0) combined with `select`, not `torch.where` on a bool tensor: on the CPU, eager
+`torch.where` and comparisons that make bool tensors cost 10-30x an int32 `&` (torch
+2.13, measured in docs/performance.md, CPU inference); under a compiler both fuse alike.
 """
 
 import numpy as np
@@ -34,10 +39,25 @@ def biased_exponent(b: torch.Tensor) -> torch.Tensor:
     return (b >> 23) & 0xFF
 
 
+def negative_mask(v: torch.Tensor) -> torch.Tensor:
+    """int32 -1 where the int32 `v` is negative, else 0 (an arithmetic shift)."""
+    return v >> 31
+
+
+def zero_mask(v: torch.Tensor) -> torch.Tensor:
+    """int32 -1 where `v` == 0, else 0, for int32 `v` in [0, 2**31)."""
+    return (v - 1) >> 31
+
+
+def select(mask: torch.Tensor, a, b: torch.Tensor) -> torch.Tensor:
+    """`a` where the int mask is -1, `b` where it is 0 (int tensors, or an int `a`)."""
+    return b ^ ((a ^ b) & mask)
+
+
 def ftz(x: torch.Tensor) -> torch.Tensor:
     """Replace float32 subnormals by zero of the same sign (spec §0.2), by a bit test."""
     b = bits(x)
-    return from_bits(torch.where((b & EXP_MASK) == 0, b & SIGN, b))
+    return from_bits(b & ~(zero_mask(b & EXP_MASK) & ABS))
 
 
 def abs_bits(x: torch.Tensor) -> torch.Tensor:
@@ -48,6 +68,11 @@ def abs_bits(x: torch.Tensor) -> torch.Tensor:
 def is_nan_bits(b: torch.Tensor) -> torch.Tensor:
     """NaN test on int32 patterns; immune to compilers that assume finite math."""
     return (b & ABS) > INF_BITS
+
+
+def nan_mask(b: torch.Tensor) -> torch.Tensor:
+    """`is_nan_bits` as an int32 mask: -1 where the pattern is a NaN, else 0."""
+    return negative_mask(INF_BITS - (b & ABS))
 
 
 def pow2(k: torch.Tensor) -> torch.Tensor:
@@ -61,11 +86,17 @@ def mul_pow2(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     As `lowp._bits.mul_pow2`: 2**k for k < -126 is itself subnormal (e8m0 byte 0 is
     2**-127), so it is applied as two normal factors, 2**(k + 64) then 2**-64.
     """
+    first, second = pow2_factors(k)
+    return (x * first) * second
+
+
+def pow2_factors(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two normal float32 factors whose product `mul_pow2` applies: 2**k, or
+    2**(k + 64) and 2**-64 for k < -126. Computed once per scale group, they broadcast
+    over its elements (`x * first * second` is `mul_pow2(x, k)` to the bit)."""
     k = k.to(torch.int32)
-    low = k < -126
-    first = torch.where(low, k + 64, k)
-    second = torch.where(low, -64, 0).to(torch.int32)
-    return (x * pow2(first)) * pow2(second)
+    low = negative_mask(k + 126)  # k < -126
+    return pow2(k + (low & 64)), pow2(low & -64)
 
 
 def div_rn32(numerator, denominator: torch.Tensor) -> torch.Tensor:

@@ -11,10 +11,14 @@ their codes are built from the float32 bits by that port of `lowp.encode`,
 and their values decoded the same way.
 """
 
+import functools
+import itertools
+
+import numpy as np
 import torch
 
 import lowp
-from lowp_torch import _bits, _storage
+from lowp_torch import _bits, _layouts, _storage
 
 _NATIVE_FLOAT8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
 
@@ -42,12 +46,14 @@ def encode(v: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     native = _native_float8(v, fmt)
     if native is not None:
         return v.to(native).view(torch.uint8)
+    if fmt.ebits + fmt.mbits <= 3:  # float4: eight magnitudes, seven midpoints
+        return _encode_by_midpoints(v, fmt)
     b = _bits.bits(v)
     sign = (b >> 31) & 1
     e32 = _bits.biased_exponent(b)
     mant = b & _bits.MANT_MASK
     # 24-bit significand; a float32 subnormal has no implicit bit and exponent 1.
-    sig = torch.where(e32 > 0, mant | (1 << 23), mant)
+    sig = mant | (~_bits.zero_mask(e32) & (1 << 23))
     target_exp = torch.clamp(e32, min=1) - 127 + fmt.bias  # biased exponent in fmt
     field = torch.clamp(target_exp, min=1)  # subnormals share the min-normal exponent
     # Bits of `sig` dropped: the mantissa narrowing plus the subnormal shift, capped at
@@ -57,12 +63,43 @@ def encode(v: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     kept = sig >> shift
     rest = sig & ((one << shift) - 1)
     half = one << (shift - 1)
-    round_up = (rest > half) | ((rest == half) & ((kept & 1) == 1))
+    above = _bits.negative_mask(half - rest)  # masks: rest > half, rest == half
+    tie_to_odd = _bits.zero_mask(rest ^ half) & -(kept & 1)
+    round_up = (above | tie_to_odd) & 1
     # `kept` carries the implicit bit at position mbits for normals, so the exponent
     # field is added as (field - 1); a mantissa carry rolls into the exponent.
-    magnitude = ((field - 1) << fmt.mbits) + kept + round_up.to(torch.int32)
+    magnitude = ((field - 1) << fmt.mbits) + kept + round_up
     code = (sign << (fmt.ebits + fmt.mbits)) | magnitude
     return code.to(torch.uint8)
+
+
+@functools.cache
+def _midpoint_keys(fmt: lowp.Format) -> tuple[int, ...]:
+    """For each pair of neighbouring magnitudes of `fmt`, the float32 pattern a |v|
+    pattern must exceed to round up: their midpoint's, less one where the tie goes up
+    (to the even code above). Every midpoint of float4 is exact in float32."""
+    values = decode(torch.arange(1 << (fmt.ebits + fmt.mbits), dtype=torch.int32), fmt).tolist()
+    keys = []
+    for code, (low, high) in enumerate(itertools.pairwise(values)):
+        midpoint = np.float32((low + high) / 2)
+        if float(midpoint) != (low + high) / 2:
+            raise AssertionError(f"{fmt.name}: midpoint of {low} and {high} is not a float32")
+        tie_goes_up = (code + 1) % 2 == 0
+        keys.append(int(midpoint.view(np.int32)) - (1 if tie_goes_up else 0))
+    return tuple(keys)
+
+
+def _encode_by_midpoints(v: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
+    """E_fmt for a format of eight magnitudes: the magnitude code is the number of
+    midpoints |v| passes (ties to the even code), counted with int32 masks; the same
+    codes as the shift-and-round port below, in fewer passes (no per-element shifts)."""
+    b = _bits.bits(v)
+    magnitude_bits = b & _bits.ABS
+    passed = torch.zeros_like(b)
+    for key in _midpoint_keys(fmt):
+        passed = passed + _bits.negative_mask(key - magnitude_bits)  # -1 where |v| > key
+    sign = (b >> 31) & 1
+    return ((sign << (fmt.ebits + fmt.mbits)) | -passed).to(torch.uint8)
 
 
 def decode(codes: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
@@ -75,8 +112,8 @@ def decode(codes: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     if native is not None:  # every float8 value is a float32 one: the cast is exact
         if codes.dtype != native:  # uint8 codes, or wider integers holding one code each
             codes = (codes if codes.dtype == torch.uint8 else codes.to(torch.uint8)).view(native)
-        values = codes.to(torch.float32)
-        return _bits.from_bits(torch.where(torch.isnan(values), _bits.NAN_F32, _bits.bits(values)))
+        values = _bits.bits(codes.to(torch.float32))
+        return _bits.from_bits(_bits.select(_bits.nan_mask(values), _bits.NAN_F32, values))
     c = codes.to(torch.int32)
     sign = ((c >> (fmt.ebits + fmt.mbits)) & 1) << 31
     exp_field = (c >> fmt.mbits) & ((1 << fmt.ebits) - 1)
@@ -84,17 +121,37 @@ def decode(codes: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     normal = ((exp_field - fmt.bias + 127) << 23) | (mant << (23 - fmt.mbits))
     # A subnormal code is m * 2**(1 - bias - mbits); normalise m by hand. With
     # mbits <= 3, m in 1..7 has its leading one at bit `lead` = 0, 1 or 2.
-    lead = (mant >= 2).to(torch.int32) + (mant >= 4).to(torch.int32)
+    lead = 1 + _bits.zero_mask(mant >> 1) + (mant >> 2)  # (mant >= 2) + (mant >= 4)
     sub_exp = lead + (1 - fmt.bias - fmt.mbits + 127)
     sub_mant = (mant - (torch.ones_like(lead) << lead)) << (23 - lead)
-    subnormal = torch.where(mant == 0, 0, (sub_exp << 23) | sub_mant)
-    magnitude = torch.where(exp_field > 0, normal, subnormal)
+    subnormal = ((sub_exp << 23) | sub_mant) & ~_bits.zero_mask(mant)
+    magnitude = _bits.select(_bits.zero_mask(exp_field), subnormal, normal)
     out = magnitude | sign
     if fmt.inf_code is not None:
-        out = torch.where((c & 0x7F) == fmt.inf_code, _bits.INF_BITS | sign, out)
+        out = _bits.select(_bits.zero_mask((c & 0x7F) ^ fmt.inf_code), _bits.INF_BITS | sign, out)
     if fmt.nan_codes:
-        nan = torch.zeros_like(c, dtype=torch.bool)
+        nan = torch.zeros_like(c)
         for code in fmt.nan_codes:
-            nan = nan | (c == code)
-        out = torch.where(nan, _bits.NAN_F32, out)
+            nan = nan | _bits.zero_mask(c ^ code)
+        out = _bits.select(nan, _bits.NAN_F32, out)
     return _bits.from_bits(out)
+
+
+_FP4_PAIR_TABLES: dict = {}  # device -> (256, 2) float32, filled in eager mode only
+
+
+def decode_fp4_packed(packed: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
+    """float32 values of packed float4 codes (uint8, two a byte, element 2j in bits 3..0),
+    last axis doubled: `decode(unpack_fp4(packed))` read from a 256-row table of byte ->
+    value pair, itself built by `decode`, so every value is decode's to the bit.
+
+    One gather instead of the unpack and the integer decode's passes over each element.
+    """
+    table = _FP4_PAIR_TABLES.get(packed.device) if not _storage.traced(packed) else None
+    if table is None:
+        every_byte = torch.arange(256, dtype=torch.int32, device=packed.device).unsqueeze(-1)
+        table = decode(_layouts.unpack_fp4(every_byte), fmt)  # (256, 2)
+        if not _storage.traced(packed):
+            _FP4_PAIR_TABLES[packed.device] = table
+    pairs = table[packed.to(torch.int64)]  # (..., K/2, 2)
+    return pairs.reshape(tuple(packed.shape[:-1]) + (packed.shape[-1] * 2,))

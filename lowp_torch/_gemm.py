@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import lowp
-from lowp_torch import _cast_kernels, _config, _log, _qtensor, _quantize, _storage
+from lowp_torch import _cast_kernels, _config, _log, _qtensor, _quantize, _storage, _weight_cache
 
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 _E4M3 = "float8_e4m3fn"
@@ -107,7 +107,7 @@ def scaled_matmul(
         with torch.autocast(a.device.type, enabled=False):
             y = torch.matmul(
                 _quantize.dequantize(a, torch.float32),
-                _quantize.dequantize(b, torch.float32).transpose(-1, -2),
+                _weight_cache.dequantized(b, torch.float32).transpose(-1, -2),
             )
             if bias is not None:
                 y = y + bias.to(torch.float32)

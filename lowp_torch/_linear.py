@@ -25,7 +25,7 @@ it), which is then the output's, and the GEMM itself runs as it would without au
 import torch
 import torch.nn.functional as F
 
-from lowp_torch import _gemm, _qtensor, _quantize, _tensor_ops
+from lowp_torch import _gemm, _qtensor, _quantize, _tensor_ops, _weight_cache
 
 QuantizedTensor = _qtensor.QuantizedTensor
 
@@ -51,8 +51,8 @@ def _linear(x, w, bias):
         return _gemm_of(x, w, bias, config)
     if config is None or config.activation is None:  # weight-only quantization
         if w.dim() == 2:
-            return F.linear(x, _quantize.dequantize(w, x.dtype), bias)
-        y = torch.matmul(x, _quantize.dequantize(w, x.dtype).transpose(-1, -2))
+            return F.linear(x, _weight_cache.dequantized(w, x.dtype), bias)
+        y = torch.matmul(x, _weight_cache.dequantized(w, x.dtype).transpose(-1, -2))
         return y if bias is None else y + bias
     device_type = x.device.type
     if torch.is_autocast_enabled(device_type):

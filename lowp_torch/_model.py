@@ -153,6 +153,32 @@ def _quantize_weight(module: nn.Linear, config, linear) -> _qtensor.QuantizedTen
     return _qtensor.replace(q, linear=linear)
 
 
+def memory_footprint(model: nn.Module) -> int:
+    """Bytes of `model`'s parameters and buffers as stored: a QuantizedTensor counts its
+    codes and scales (`QuantizedTensor.nbytes`), a plain tensor numel * element_size.
+
+    transformers' `get_memory_footprint()` multiplies each parameter's numel by its
+    dtype's size, and a quantized weight's dtype is the float one it stands for, so it
+    reports the float model's size. Shared tensors count once. Not counted: the float
+    copies CPU inference keeps of quantized weights (`weight_cache`).
+
+    >>> import torch, lowp_torch
+    >>> model = torch.nn.Linear(64, 32, bias=False)
+    >>> memory_footprint(lowp_torch.quantize_(model, "float8_rowwise"))  # codes + row scales
+    2176
+    """
+    seen, total = set(), 0
+    for t in (*model.parameters(), *model.buffers()):
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if isinstance(t, _qtensor.QuantizedTensor):
+            total += t.nbytes
+        else:
+            total += t.numel() * t.element_size()
+    return total
+
+
 def save_quantized(model: nn.Module, path) -> None:
     """Write `model.state_dict()` to a lowp interchange file (spec §9) with `lowp.save`.
 

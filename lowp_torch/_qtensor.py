@@ -153,6 +153,13 @@ class QuantizedTensor(torch.Tensor):
         )
         return (QuantizedTensor, args)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the tensor holds: its codes, scales and global scale (torch's own
+        `nbytes` would count `hp_dtype` elements of the logical shape)."""
+        parts = (self.codes, self.scale, self.global_scale)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
     def replace(self, **changes) -> "QuantizedTensor":
         """A new QuantizedTensor with `changes` applied to the fields (re-checked)."""
         return replace(self, **changes)
@@ -218,6 +225,13 @@ class QuantizedTensor(torch.Tensor):
             from lowp_torch import _linear
 
             return _linear.linear(*args, **kwargs)
+        if func is torch.Tensor.storage:  # safetensors' fallback, after untyped_storage
+            raise TypeError(
+                "a lowp_torch.QuantizedTensor has no single storage (it is codes, scales and "
+                "a scheme), so safetensors cannot write it: save a quantized transformers "
+                "model with lowp_torch.save_pretrained(model, directory) (docs/transformers.md), "
+                "any other module with lowp_torch.save_quantized(model, path)"
+            )
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 

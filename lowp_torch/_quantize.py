@@ -102,11 +102,20 @@ def _check_finite(absb: torch.Tensor, name: str) -> None:
 
 
 def _encode_elements(v, fmt, random, poisoned_elements) -> torch.Tensor:
-    """Clamp to ±max, flush, round to uint8 codes; code 0 in poisoned groups."""
-    v = _bits.ftz(torch.clamp(v, -fmt.max, fmt.max))  # NaN (poisoned only) is replaced next
-    v = torch.where(poisoned_elements, 0.0, v)
-    codes = _rounding.round_elements(v, fmt, random)
-    return torch.where(poisoned_elements, 0, codes).to(torch.uint8)
+    """Clamp the flushed `v` to ±max and round to uint8 codes; code 0 in poisoned groups.
+
+    `poisoned_elements` is an int32 mask (-1 in a poisoned group), broadcastable to v.
+    Clamping to the normal ±max makes no subnormal, so v stays flushed; NaN (in
+    poisoned groups only) becomes +0.0 there, whose code is 0 under either rounding.
+    """
+    v = torch.clamp(v, -fmt.max, fmt.max)
+    v = _bits.from_bits(_bits.bits(v) & ~poisoned_elements)
+    return _rounding.round_elements(v, fmt, random).to(torch.uint8)
+
+
+def _poison_mask(poisoned: torch.Tensor, scheme, shape) -> torch.Tensor:
+    """The bool group flags as an int32 mask (-1 poisoned) broadcast over the elements."""
+    return _groups.expand(-poisoned.to(torch.int32), scheme, shape)
 
 
 def _float_scales(amax_bits: torch.Tensor, fmt, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,7 +210,7 @@ def quantize(
     fmt = extend.element_format(scheme.fmt)
     amax_bits = _groups.group_max(absb, scheme)
     poisoned = amax_bits >= _bits.INF_BITS
-    poisoned_elements = _groups.expand(poisoned, scheme, shape)
+    poisoned_elements = _poison_mask(poisoned, scheme, shape)
     amax_bits = torch.where(poisoned, 0, amax_bits)
     global_scale = None
 
@@ -214,7 +223,7 @@ def quantize(
         s = torch.where(poisoned, 0xFF, _mx_scale_bytes(amax_bits, fmt, scheme.mode))
         # 2**(127 - s) is a normal float32 for every finite-group byte s in [0, 253].
         exponent = 127 - torch.where(poisoned, 127, s)
-        v = _bits.ftz(xf * _bits.pow2(_groups.expand(exponent, scheme, shape)))
+        v = _bits.ftz(xf * _groups.expand(_bits.pow2(exponent), scheme, shape))
         codes = _encode_elements(v, fmt, random, poisoned_elements)
         scale = _storage.as_stored(s.to(torch.uint8), torch.float8_e8m0fnu)
     elif scheme.family == "nvfp4":
@@ -263,9 +272,9 @@ def _quantize_nvfp4(xf, absb, scheme, random, block_amax_bits, block_poisoned):
     inv = torch.where(
         p_is_zero, _bits.FLT_MAX, _bits.div_rn32(1.0, safe_p)
     )  # min(., FLT_MAX) inside
-    v = xf * _groups.expand(inv, scheme, tuple(xf.shape))
+    v = _bits.ftz(xf * _groups.expand(inv, scheme, tuple(xf.shape)))
     codes = _encode_elements(
-        v, _E2M1, random, _groups.expand(block_poisoned, scheme, tuple(xf.shape))
+        v, _E2M1, random, _poison_mask(block_poisoned, scheme, tuple(xf.shape))
     )
     scale_bytes = torch.where(block_poisoned, _E4M3.nan_codes[0], sb.to(torch.int32)).to(
         torch.uint8
@@ -331,8 +340,9 @@ def dequantize(q: _qtensor.QuantizedTensor, out_dtype: torch.dtype | None = None
     fmt = extend.element_format(scheme.fmt)
     codes = _storage.as_bytes(q.codes)
     if fmt.name == "float4_e2m1fn":
-        codes = _layouts.unpack_fp4(codes)
-    values = _encode.decode(codes, fmt)
+        values = _encode.decode_fp4_packed(codes, fmt)
+    else:
+        values = _encode.decode(codes, fmt)
     scale = _plain_scale_bytes_or_float(q)
 
     if scheme.family == "float":
@@ -341,7 +351,10 @@ def dequantize(q: _qtensor.QuantizedTensor, out_dtype: torch.dtype | None = None
     elif scheme.family == "mx":
         s = scale.to(torch.int32)
         exponent = torch.where(s == 0xFF, 127, s) - 127
-        out = _bits.mul_pow2(values, _groups.expand(exponent, scheme, shape))
+        first, second = _bits.pow2_factors(exponent)  # mul_pow2, its factors per group
+        out = (values * _groups.expand(first, scheme, shape)) * _groups.expand(
+            second, scheme, shape
+        )
     elif scheme.family == "nvfp4":
         s_dec = 1.0 if q.global_scale is None else _bits.ftz(q.global_scale)
         p = _bits.ftz(_encode.decode(scale, _E4M3) * s_dec)
@@ -350,9 +363,9 @@ def dequantize(q: _qtensor.QuantizedTensor, out_dtype: torch.dtype | None = None
         raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
 
     out = _bits.ftz(out)
-    poisoned = _groups.expand(_poisoned_groups(q, scale), scheme, shape)
-    poisoned = poisoned | _bits.is_nan_bits(_bits.bits(out))
+    poisoned = _poison_mask(_poisoned_groups(q, scale), scheme, shape)
+    poisoned = poisoned | _bits.nan_mask(_bits.bits(out))
     int_dtype = _storage.SAME_WIDTH_INT[out_dtype]
     result = out.to(out_dtype).view(int_dtype)
     nan = _storage.CANONICAL_NAN_BITS[out_dtype]
-    return torch.where(poisoned, nan, result).view(out_dtype)
+    return _bits.select(poisoned.to(int_dtype), nan, result).view(out_dtype)
