@@ -88,27 +88,21 @@ def _stochastic_values(v: np.ndarray, fmt: _formats.Format, random: np.ndarray) 
     |v| rounds up where the dropped fraction's top 24 bits plus the top 24 random bits
     reach 2**24. Every product is by a power of two, so exact; uint32 throughout.
     """
-    b = _bits.bits(v)
-    a = b & _bits.ABS
+    a = _bits.bits(v) & _bits.ABS
     e = a >> np.uint32(23)  # e = max(E(v) - 127, 1 - bias), kept as e + 127
     np.maximum(e, np.uint32(128 - fmt.bias), out=e)
-    # 2**(mbits - e) and 2**(e - mbits) are normal for |v| <= fmt.max: their exponent fields.
-    t = np.multiply(
-        _bits.from_bits(a),
-        _bits.from_bits((np.uint32(254 + fmt.mbits) - e) << np.uint32(23)),
-        dtype=np.float32,
-    )
+    # 2**(mbits - e) is normal for |v| <= fmt.max: its exponent field.
+    step = _bits.from_bits((np.uint32(254 + fmt.mbits) - e) << np.uint32(23))
+    t = np.multiply(_bits.from_bits(a), step, dtype=np.float32)
     n = np.floor(t)
     t -= n  # the fraction, exact
     t *= np.float32(1 << 24)
     fraction24 = t.astype(np.uint32)  # floor: t >= 0
     fraction24 += random >> np.uint32(8)  # < 2**25: no wrap
     n += fraction24 >= np.uint32(1 << 24)
-    # n + up <= fmt.max / 2**(e - mbits): fmt.max is on every binade's grid, so no clamp.
-    n *= _bits.from_bits((e - np.uint32(fmt.mbits)) << np.uint32(23))
-    q = _bits.bits(n)
-    q |= b & _bits.SIGN
-    return n
+    # n <= fmt.max / 2**(e - mbits): fmt.max is on every binade's grid, so no clamp.
+    n /= step
+    return np.copysign(n, v, out=n)
 
 
 def random_source(rounding: str, random_bits, seed, offset_is_zero: bool, name: str) -> str:
