@@ -24,6 +24,9 @@ goes on; with --time-budget, items that no longer fit are skipped and recorded):
   memory  peak CUDA memory of an eager transformer-block training step per recipe.
   block   that block's training step timed, bf16 vs each float8 recipe, eager and
           compiled (bench/torch_block.py), with its peak memory.
+  cpu_resources  the NumPy reference on the CPU: lowp.quantize's peak RSS and time per
+          scheme at 8192^2 float32 and bf16, against ml_dtypes' plain cast
+          (bench/cpu_resources.py).
 
 MX recipes have no MX GEMM before sm_100: on Hopper (and CPU) their GEMMs are
 emulated, and their rows say "numerics only". Results: bench/results/run_<device>_<time>.json
@@ -68,7 +71,7 @@ from bench import _record, _timing, gemm_limit, linear_step, summary, torch_bloc
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-SECTIONS = ("casts", "linear", "jax", "sweep", "memory", "block", "gemm")
+SECTIONS = ("casts", "linear", "jax", "sweep", "memory", "block", "gemm", "cpu_resources")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +87,8 @@ class Sizes:
     cast_iters: int
     timing: _timing.Timing
     sweep_timing: _timing.Timing  # more, shorter repeats: launch-bound steps are noisy
+    cpu_shape: str = "8192x8192"  # cpu_resources: the NumPy reference's input
+    cpu_repeats: int = 3
 
 
 FULL = Sizes(
@@ -108,6 +113,8 @@ SMALL = Sizes(
     cast_iters=1,
     timing=_timing.Timing(warmup=1, repeats=1, target_s=0.0),
     sweep_timing=_timing.Timing(warmup=1, repeats=1, target_s=0.0),
+    cpu_shape="64x256",
+    cpu_repeats=1,
 )
 
 
@@ -309,6 +316,28 @@ def jax_section(ctx: Context, sec: _record.Section) -> None:
                 )
 
 
+def cpu_resources(ctx: Context, sec: _record.Section) -> None:
+    """bench/cpu_resources.py: lowp.quantize's peak memory and time on the CPU against
+    ml_dtypes' plain cast, per scheme and input dtype, each measured in a child process."""
+    from bench import cpu_resources as cpu
+
+    casts: dict = {}
+    for hp_dtype in cpu.DTYPES:
+        for scheme in cpu.SCHEMES:
+            sec.item(
+                f"{scheme} {hp_dtype}",
+                lambda scheme=scheme, hp_dtype=hp_dtype: [
+                    cpu.measure(scheme, hp_dtype, ctx.sizes.cpu_shape, ctx.sizes.cpu_repeats, casts)
+                ],
+            )
+
+
+def _cpu_format(row) -> str:
+    from bench import cpu_resources
+
+    return cpu_resources.format_row(row)
+
+
 def _format_cast(row) -> str:
     return (
         f"{row['scheme']:>16} {row['path']:>8}: {row['ms']:9.4f} ms {row['gb_per_s']:8.1f} GB/s "
@@ -330,6 +359,7 @@ RUNNERS = {
     "sweep": (sweep, linear_step.format_row),
     "memory": (memory, torch_block.format_row),
     "block": (block, torch_block.format_row),
+    "cpu_resources": (cpu_resources, _cpu_format),
 }
 
 
@@ -430,6 +460,7 @@ _ROW_IDENTITY = {
     "sweep": ("M", "K", "N", "impl", "recipe", "mode"),
     "memory": ("recipe", "mode"),
     "block": ("recipe", "mode"),
+    "cpu_resources": ("scheme", "hp_dtype", "shape"),
 }
 
 
