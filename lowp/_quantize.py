@@ -75,12 +75,9 @@ def _as_rows(x: np.ndarray, scheme: _schemes.Scheme) -> tuple[np.ndarray, _schem
     else:
         return x, scheme
     merged = scheme.reshaped(x.shape, new)
-    if merged is None:
+    if merged is None or not x.flags.c_contiguous:  # a strided input: cut it as it is
         return x, scheme
-    try:
-        view = np.reshape(x, new, copy=False)
-    except ValueError:  # not expressible as a view of this layout: cut the original
-        return x, scheme
+    view = x.reshape(new)  # a view of a C-contiguous array
     return view, merged
 
 
