@@ -3,8 +3,9 @@ ml_dtypes' plain cast of the same array, per scheme, at 8192 x 8192 by default.
 
 Each measurement runs in a fresh child process, so one row's high-water mark cannot
 hide another's: the child builds its input a slice at a time (no temporary larger than
-a slice), reads `ru_maxrss`, quantizes once, reads it again; the difference is the peak
-the call added, output included. Then it times more calls: the median wall time, and the
+a slice), restarts the kernel's high-water mark (VmHWM) and reads its resident set,
+quantizes once, reads the high-water mark; the difference is the peak the call added,
+output included. Then it times more calls: the median wall time, and the
 CPU time of the process (on a machine shared with other work, the steadier of the two).
 The plain casts (`x.astype(ml_dtypes.float8_e4m3fn)`, and to the scheme's own element
 format) are timed in the same child, in turn with the call; the cast's peak is measured
@@ -52,6 +53,31 @@ DTYPES = ("float32", "bfloat16")
 
 
 def _rss_bytes() -> int:
+    """The resident set now (Linux /proc), else the high-water mark so far."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return _peak_rss_bytes()
+
+
+def _reset_peak() -> None:
+    """Restart the high-water mark at the resident set now (Linux: VmHWM)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # ru_maxrss then counts from the process start: an overestimate
+
+
+def _peak_rss_bytes() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
@@ -96,9 +122,10 @@ def child(args) -> dict:
             return lowp.quantize(x, scheme, rounding=rounding, seed=seed)
 
     gc.collect()
+    _reset_peak()
     before = _rss_bytes()
     out = call()
-    peak = _rss_bytes() - before
+    peak = _peak_rss_bytes() - before
     out_bytes = out.nbytes if args.what == "cast" else _qtensor_bytes(out)
     del out
     # The plain casts are timed in turn with the call, so a load that comes and goes on

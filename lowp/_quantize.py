@@ -205,6 +205,7 @@ def quantize(
     codes = np.empty(rows.shape[:-1] + (rows.shape[-1] // 2,) if packed else rows.shape, np.uint8)
     scale_dtype = np.float32 if scheme.family == "float" else np.uint8
     scale = np.empty(row_scheme.scale_shape(rows.shape), scale_dtype)
+    scratch = _rounding.Scratch()
     for start, stop in slabs:
         groups = _groups.slab_groups(start, stop, row_scheme, rows.ndim)
         xf = np.ascontiguousarray(rows[start:stop], dtype=np.float32)
@@ -244,10 +245,11 @@ def quantize(
         random = None
         if source == "seed":
             first = offset + start * row_size
-            random = _rounding.random_bits_from(int(seed), int(first), v.size).reshape(v.shape)  # type: ignore[arg-type]
+            random = _rounding.random_bits_from(int(seed), int(first), v.size, scratch)  # type: ignore[arg-type]
+            random = random.reshape(v.shape)
         elif source == "bits":
             random = random_rows[start:stop]  # type: ignore[index]
-        slab_codes = _rounding.round_elements(v, fmt, random)
+        slab_codes = _rounding.round_elements(v, fmt, random, scratch)
         codes[start:stop] = _layouts.pack_fp4(slab_codes) if packed else slab_codes
 
     global_scale = None

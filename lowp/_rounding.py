@@ -44,30 +44,60 @@ def check_seed(seed, offset) -> None:
             raise TypeError(f"random_bits: {field} must be an int, got {value!r}")
 
 
-def random_bits_from(seed: int, first: int, count: int) -> np.ndarray:
+def random_bits_from(seed: int, first: int, count: int, scratch=None) -> np.ndarray:
     """The bits of flat indices `first` .. `first + count - 1` (each taken mod 2**32): a
-    slice of `random_bits`, so a tensor quantized a slab at a time draws the same bits."""
-    x = np.arange(count, dtype=np.uint32)
-    x += np.uint32(first & _MASK32)  # uint32 arithmetic wraps: the index mod 2**32
+    slice of `random_bits`, so a tensor quantized a slab at a time draws the same bits.
+    With a `Scratch`, written into its buffers (valid until its next use)."""
+    scratch = scratch or Scratch()
+    x = scratch.take("random", np.uint32, (count,))
+    shifted = scratch.take("random_shifted", np.uint32, (count,))
+    # uint32 arithmetic wraps: the index mod 2**32
+    np.add(scratch.indices(count), np.uint32(first & _MASK32), out=x)
     x *= np.uint32(0x9E3779B9)
     x += np.uint32(seed & _MASK32)
-    x ^= x >> np.uint32(16)
-    x *= np.uint32(0x21F0AAAD)
-    x ^= x >> np.uint32(15)
-    x *= np.uint32(0x735A2D97)
-    x ^= x >> np.uint32(15)
+    for shift, multiplier in ((16, 0x21F0AAAD), (15, 0x735A2D97), (15, None)):
+        np.right_shift(x, np.uint32(shift), out=shifted)
+        x ^= shifted
+        if multiplier is not None:
+            x *= np.uint32(multiplier)
     return x
 
 
-def round_elements(v: np.ndarray, fmt: _formats.Format, random: np.ndarray | None) -> np.ndarray:
+class Scratch:
+    """Buffers that a run of slabs reuses: arrays allocated afresh for each slab are
+    paged in again each time (the allocator gives freed memory back), which on a CPU
+    costs more than the arithmetic on them. `take` returns a view valid until the next
+    `take` of the same name."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, np.ndarray] = {}
+        self._indices = np.zeros(0, np.uint32)
+
+    def take(self, name: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
+        size = int(np.prod(shape, dtype=np.int64))
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.dtype != dtype or buffer.size < size:
+            buffer = self._buffers[name] = np.empty(size, dtype)
+        return buffer[:size].reshape(shape)
+
+    def indices(self, count: int) -> np.ndarray:
+        """0, 1, ..., count - 1 as uint32 (read-only: shared by every call)."""
+        if len(self._indices) < count:
+            self._indices = np.arange(count, dtype=np.uint32)
+        return self._indices[:count]
+
+
+def round_elements(
+    v: np.ndarray, fmt: _formats.Format, random: np.ndarray | None, scratch=None
+) -> np.ndarray:
     """Codes for float32 `v`, already clamped to +-fmt.max.
 
     `random` is None for round-to-nearest-even, else one uint32 per element. A float32
     subnormal gives a zero of its sign either way (every element format's smallest
     subnormal is far above float32's), so `v` need not be flushed first.
     """
-    if random is not None:
-        v = _stochastic_values(v, fmt, random)  # on the format's grid: the cast is exact
+    if random is not None:  # on the format's grid: the cast is exact
+        v = _stochastic_values(v, fmt, random, scratch or Scratch())
     return nearest_codes(v, fmt)
 
 
@@ -81,24 +111,37 @@ def nearest_codes(v: np.ndarray, fmt: _formats.Format) -> np.ndarray:
     return v.astype(_ML_DTYPES[fmt.name]).view(np.uint8)
 
 
-def _stochastic_values(v: np.ndarray, fmt: _formats.Format, random: np.ndarray) -> np.ndarray:
+def _stochastic_values(
+    v: np.ndarray, fmt: _formats.Format, random: np.ndarray, scratch: Scratch
+) -> np.ndarray:
     """The value of `fmt` that each element of `v` rounds to stochastically (spec §4).
 
     On the grid of the element's binade (the subnormal grid below the smallest normal),
     |v| rounds up where the dropped fraction's top 24 bits plus the top 24 random bits
-    reach 2**24. Every product is by a power of two, so exact; uint32 throughout.
+    reach 2**24. Every product is by a power of two, so exact. Written in place into
+    `scratch`'s buffers.
     """
-    a = _bits.bits(v) & _bits.ABS
-    e = a >> np.uint32(23)  # e = max(E(v) - 127, 1 - bias), kept as e + 127
-    np.maximum(e, np.uint32(128 - fmt.bias), out=e)
-    # 2**(mbits - e) is normal for |v| <= fmt.max: its exponent field.
-    step = _bits.from_bits((np.uint32(254 + fmt.mbits) - e) << np.uint32(23))
-    t = np.multiply(_bits.from_bits(a), step, dtype=np.float32)
-    n = np.floor(t)
+    step_bits = scratch.take("step", np.uint32, v.shape)
+    t = scratch.take("t", np.float32, v.shape)
+    n = scratch.take("n", np.float32, v.shape)
+    fraction24 = scratch.take("fraction24", np.uint32, v.shape)
+    # e = max(E(v) - 127, 1 - bias), kept as e + 127; 2**(mbits - e) is normal for
+    # |v| <= fmt.max, so its pattern is its exponent field.
+    np.right_shift(_bits.bits(v), np.uint32(23), out=step_bits)
+    step_bits &= np.uint32(0xFF)
+    np.maximum(step_bits, np.uint32(128 - fmt.bias), out=step_bits)
+    np.subtract(np.uint32(254 + fmt.mbits), step_bits, out=step_bits)
+    step_bits <<= np.uint32(23)
+    step = _bits.from_bits(step_bits)
+    np.abs(v, out=t)
+    t *= step
+    np.floor(t, out=n)
     t -= n  # the fraction, exact
     t *= np.float32(1 << 24)
-    fraction24 = t.astype(np.uint32)  # floor: t >= 0
-    fraction24 += random >> np.uint32(8)  # < 2**25: no wrap
+    np.copyto(fraction24, t, casting="unsafe")  # floor: t >= 0
+    shifted = _bits.bits(t)  # t is spent: its buffer takes the random bits' top 24
+    np.right_shift(random, np.uint32(8), out=shifted)
+    fraction24 += shifted  # < 2**25: no wrap
     n += fraction24 >= np.uint32(1 << 24)
     # n <= fmt.max / 2**(e - mbits): fmt.max is on every binade's grid, so no clamp.
     n /= step
