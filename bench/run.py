@@ -36,6 +36,9 @@ goes on; with --time-budget, items that no longer fit are skipped and recorded):
   cpu_model  a Hugging Face transformers BERT (all-MiniLM-L6-v2) forward on the CPU,
           float32 vs each inference preset (bench/cpu_model.py). Runs on the CPU
           whatever --device says, and only when asked for by name.
+  cpu_resources  the NumPy reference on the CPU: lowp.quantize's peak RSS and time per
+          scheme at 8192^2 float32 and bf16, against ml_dtypes' plain cast
+          (bench/cpu_resources.py).
 
 MX recipes have no MX GEMM before sm_100: on Hopper (and CPU) their GEMMs are
 emulated, and their rows say "numerics only". Results: bench/results/run_<device>_<time>.json
@@ -105,8 +108,10 @@ SECTIONS = (
     "jax_model_infer",
     "moe",
     "cpu_model",
+    "cpu_resources",
 )
-DEFAULT_SECTIONS = SECTIONS[:-1]  # the GPU run; cpu_model runs when named
+CPU_SECTIONS = ("cpu_model", "cpu_resources")  # run only when named: they measure the CPU
+DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s not in CPU_SECTIONS)  # the GPU run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +133,8 @@ class Sizes:
     moe: tuple  # bench/moe.py's MoEShapes
     cpu_batch: int  # cpu_model's sentences
     cpu_timing: _timing.Timing
+    cpu_shape: str = "8192x8192"  # cpu_resources: the NumPy reference's input
+    cpu_repeats: int = 3
 
 
 FULL = Sizes(
@@ -164,6 +171,8 @@ SMALL = Sizes(
     moe=moe_bench.SMALL,
     cpu_batch=2,
     cpu_timing=_timing.Timing(warmup=1, repeats=1, target_s=0.0),
+    cpu_shape="64x256",
+    cpu_repeats=1,
 )
 
 
@@ -477,6 +486,28 @@ def moe(ctx: Context, sec: _record.Section) -> None:
             )
 
 
+def cpu_resources(ctx: Context, sec: _record.Section) -> None:
+    """bench/cpu_resources.py: lowp.quantize's peak memory and time on the CPU against
+    ml_dtypes' plain cast, per scheme and input dtype, each measured in a child process."""
+    from bench import cpu_resources as cpu
+
+    casts: dict = {}
+    for hp_dtype in cpu.DTYPES:
+        for scheme in cpu.SCHEMES:
+            sec.item(
+                f"{scheme} {hp_dtype}",
+                lambda scheme=scheme, hp_dtype=hp_dtype: [
+                    cpu.measure(scheme, hp_dtype, ctx.sizes.cpu_shape, ctx.sizes.cpu_repeats, casts)
+                ],
+            )
+
+
+def _cpu_format(row) -> str:
+    from bench import cpu_resources
+
+    return cpu_resources.format_row(row)
+
+
 def _format_cast(row) -> str:
     return (
         f"{row['scheme']:>16} {row['path']:>8}: {row['ms']:9.4f} ms {row['gb_per_s']:8.1f} GB/s "
@@ -504,6 +535,7 @@ RUNNERS = {
     "jax_model_infer": (jax_model_infer, model.format_row),
     "moe": (moe, moe_bench.format_row),
     "cpu_model": (cpu_model_section, cpu_model.format_row),
+    "cpu_resources": (cpu_resources, _cpu_format),
 }
 
 
@@ -610,6 +642,7 @@ _ROW_IDENTITY = {
     "jax_model_train": ("framework", "task", "T", "variant", "mode"),
     "jax_model_infer": ("framework", "task", "T", "variant", "mode"),
     "cpu_model": ("model", "preset", "batch"),
+    "cpu_resources": ("scheme", "hp_dtype", "shape"),
 }
 
 

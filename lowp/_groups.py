@@ -8,6 +8,7 @@ over the elements.
 """
 
 import math
+from types import EllipsisType
 from typing import NamedTuple
 
 import numpy as np
@@ -95,3 +96,39 @@ def expand(g: np.ndarray, scheme: _schemes.Scheme, shape: tuple[int, ...]) -> np
     if tuple(padded) != tuple(shape):  # partial edge tiles
         out = out[tuple(slice(0, n) for n in shape)]
     return out
+
+
+def multiply(x: np.ndarray, g: np.ndarray, scheme: _schemes.Scheme) -> np.ndarray:
+    """float32 `x` times each element's group value `g` (plain scale shape), rounded once.
+
+    Where the tiles divide the shape, `g` broadcasts over a split view of `x`, so the
+    expanded groups are never built (`expand` copies them to merge the split axes).
+    """
+    grid, full, padded = broadcast(x.shape, scheme)
+    if tuple(padded) != tuple(x.shape):  # partial edge tiles
+        return np.multiply(x, expand(g, scheme, x.shape), dtype=np.float32)
+    product = np.multiply(np.reshape(x, full), np.reshape(g, grid), dtype=np.float32)
+    return product.reshape(x.shape)
+
+
+def slabs(shape: tuple[int, ...], scheme: _schemes.Scheme, elements: int) -> list[tuple[int, int]]:
+    """Row ranges `(start, stop)` along axis 0 of about `elements` elements each that
+    cut no group: a whole number of axis-0 tiles. Where one group spans axis 0 (tile
+    None), any cut does, and the caller takes the groups' amax over every slab first.
+    At least one range, so that an empty input still gets its scales."""
+    rows = shape[0]
+    row = math.prod(shape[1:])
+    tile = scheme.tiles(len(shape))[0]
+    step = max(1, elements // max(row, 1))
+    if tile is not None and tile > 1:
+        step = max(tile, step - step % tile)
+    return [(start, min(start + step, rows)) for start in range(0, rows, step)] or [(0, 0)]
+
+
+def slab_groups(start: int, stop: int, scheme: _schemes.Scheme, rank: int) -> slice | EllipsisType:
+    """The scales of rows `start:stop`: a slice of the plain scale shape's axis 0, or
+    all of them (`...`, which a 0-d scale takes too) where one group spans axis 0."""
+    tile = scheme.tiles(rank)[0]
+    if tile is None:
+        return ...
+    return slice(start // tile, -(-stop // tile))

@@ -5,6 +5,10 @@ one branch of `quantize` and one of `dequantize`, in the order spec §3 gives, w
 once. Group handling lives in `_groups`, the element encoder in `_formats`.
 """
 
+import contextlib
+import math
+from typing import NamedTuple
+
 import ml_dtypes
 import numpy as np
 
@@ -19,10 +23,11 @@ _NUMPY_DTYPES = {
     "float16": np.dtype(np.float16),
 }
 _CANONICAL_NAN_BITS = {"float32": 0x7FC00000, "bfloat16": 0x7FC0, "float16": 0x7E00}
+CHUNK_ELEMENTS = 1 << 20  # quantize's default slab: 4 MiB of float32, a few in flight
 
 
 def _hp_input(x, name: str) -> tuple[np.ndarray, str]:
-    """float32 view of an accepted input and its dtype name; TypeError for the rest (§0.1)."""
+    """An accepted input as an array, and its dtype name; TypeError for the rest (§0.1)."""
     if isinstance(x, np.generic):  # a numpy scalar is a 0-d array
         x = np.asarray(x)
     if not isinstance(x, np.ndarray):
@@ -37,17 +42,17 @@ def _hp_input(x, name: str) -> tuple[np.ndarray, str]:
         )
     for hp_dtype, dtype in _NUMPY_DTYPES.items():
         if x.dtype == dtype:
-            return x.astype(np.float32), hp_dtype
+            return x, hp_dtype
     raise TypeError(f"{name}: input dtype {x.dtype} is not float32, bfloat16 or float16")
 
 
-def _random_for(x: np.ndarray, rounding, random_bits, seed, offset, name) -> np.ndarray | None:
-    """The uint32 per element that stochastic rounding consumes, or None for nearest."""
+def _random_source(x: np.ndarray, rounding, random_bits, seed, offset, name) -> str:
+    """Which random bits stochastic rounding consumes ("none", "seed", "bits"), checked."""
     source = _rounding.random_source(rounding, random_bits, seed, offset == 0, name)
-    if source == "none":
-        return None
     if source == "seed":
-        return _rounding.random_bits(seed, x.shape, offset)
+        _rounding.check_seed(seed, offset)
+    if source != "bits":
+        return source
     if not isinstance(random_bits, np.ndarray) or random_bits.dtype != np.uint32:
         raise TypeError(
             f"{name}: random_bits must be a uint32 numpy array, got {random_bits!r:.80}"
@@ -56,27 +61,54 @@ def _random_for(x: np.ndarray, rounding, random_bits, seed, offset, name) -> np.
         raise ValueError(
             f"{name}: random_bits has shape {random_bits.shape}, the input {x.shape}; one per element"
         )
-    return random_bits
+    return source
 
 
-def _check_finite(absb: np.ndarray, name: str) -> None:
-    bad = absb >= _bits.INF_BITS
-    if bad.any():
-        first = np.unravel_index(int(np.argmax(bad)), absb.shape)
-        value = _bits.from_bits(absb.reshape(-1)[int(np.argmax(bad.reshape(-1)))] | 0)
-        raise FloatingPointError(
-            f"{name}: {int(bad.sum())} non-finite element(s), the first at index "
-            f"{tuple(int(i) for i in first)} (|x| = {value}); check_finite=True refuses to quantize"
-        )
+def _as_rows(x: np.ndarray, scheme: _schemes.Scheme) -> tuple[np.ndarray, _schemes.Scheme]:
+    """`x` viewed with its leading dims merged (a 0-d one as one element), and the scheme
+    that groups the view as `scheme` groups `x`, where both exist; else `x` and `scheme`.
+    Slabs are cut along axis 0, so merging lets a rank-3 expert stack be cut finely."""
+    if x.ndim == 0:
+        new: tuple[int, ...] = (1,)
+    elif x.ndim > 2:
+        new = (math.prod(x.shape[:-1]), x.shape[-1])
+    else:
+        return x, scheme
+    merged = scheme.reshaped(x.shape, new)
+    if merged is None or not x.flags.c_contiguous:  # a strided input: cut it as it is
+        return x, scheme
+    view = x.reshape(new)  # a view of a C-contiguous array
+    return view, merged
 
 
-def _encode_elements(v, fmt, random, poisoned_elements) -> np.ndarray:
-    """Clamp to +-max, flush, round to codes; code 0 in poisoned groups."""
-    with np.errstate(invalid="ignore"):  # NaN in poisoned groups is overwritten below
-        v = _bits.ftz(np.clip(v, -np.float32(fmt.max), np.float32(fmt.max)))
-    v = np.where(poisoned_elements, np.float32(0), v)
-    codes = _rounding.round_elements(v, fmt, random)
-    return np.where(poisoned_elements, np.uint8(0), codes)
+def _abs_bits(rows: np.ndarray) -> np.ndarray:
+    """|x| as uint32 patterns of float32 (`_bits.abs_bits`) for a slab of any input dtype."""
+    return _bits.abs_bits(np.ascontiguousarray(rows, dtype=np.float32))
+
+
+def _flushed_group_max(absb: np.ndarray, scheme: _schemes.Scheme) -> np.ndarray:
+    """The amax bits of each group of ftz(x): flushing is monotone on |x| patterns, so
+    the max of the unflushed patterns, flushed."""
+    amax = _groups.group_max(absb, scheme)
+    return np.where(amax <= _bits.MANT_MASK, np.uint32(0), amax)
+
+
+def _non_finite_error(x: np.ndarray, rows: np.ndarray, slabs, name: str) -> FloatingPointError:
+    """check_finite's error: the count of non-finite elements and the first, a slab a time."""
+    count, first = 0, None
+    for start, stop in slabs:
+        bad = _abs_bits(rows[start:stop]).reshape(-1)
+        hits = bad >= _bits.INF_BITS
+        if first is None and hits.any():
+            at = int(np.argmax(hits))
+            first = (start * math.prod(rows.shape[1:]) + at, _bits.from_bits(bad[at] | 0))
+        count += int(hits.sum())
+    assert first is not None
+    index = np.unravel_index(first[0], x.shape)
+    return FloatingPointError(
+        f"{name}: {count} non-finite element(s), the first at index "
+        f"{tuple(int(i) for i in index)} (|x| = {first[1]}); check_finite=True refuses to quantize"
+    )
 
 
 def float_scales(
@@ -115,8 +147,14 @@ def quantize(
     offset: int = 0,
     check_finite: bool = False,
     name: str = "input",
+    chunk_elements: int = CHUNK_ELEMENTS,
 ) -> _qtensor.QTensor:
     """Quantize `x` with `scheme`; the bit-exact reference of spec §3–§6.
+
+    The work goes a slab of rows at a time, slabs that hold whole groups, so memory
+    beyond the output stays a few slabs (groups spanning every row, and NVFP4's global
+    scale, take a first pass over the slabs for their amax). The bytes do not depend on
+    the slab size: stochastic rounding's bits are a function of each element's index.
 
     Args:
       x: float32, bfloat16 (ml_dtypes) or float16 array of any shape the scheme admits.
@@ -126,6 +164,8 @@ def quantize(
       seed, offset: instead of random_bits, draw them with `lowp.random_bits`.
       check_finite: raise FloatingPointError on NaN/Inf instead of poisoning the group.
       name: how errors refer to `x` (a parameter name, say).
+      chunk_elements: about how many elements a slab holds (at least one row, or one
+        row of groups); changes memory and speed, never the result.
 
     Returns:
       A QTensor with the plain scale layout.
@@ -136,46 +176,89 @@ def quantize(
     ([56, 192, 126], 1.0)
     """
     _schemes.check_scheme(scheme)
-    xf, hp_dtype = _hp_input(x, name)
-    shape = xf.shape
+    x, hp_dtype = _hp_input(x, name)
+    shape = x.shape
     scheme.check_shape(shape)
-    random = _random_for(xf, rounding, random_bits, seed, offset, name)
-    xf = _bits.ftz(xf)
-    absb = _bits.abs_bits(xf)
-    if check_finite:
-        _check_finite(absb, name)
+    if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int):
+        raise TypeError(f"{name}: chunk_elements must be an int, got {chunk_elements!r}")
+    if chunk_elements < 1:
+        raise ValueError(f"{name}: chunk_elements must be positive, got {chunk_elements}")
+    source = _random_source(x, rounding, random_bits, seed, offset, name)
     fmt = _formats.element_format(scheme.fmt)
-    amax_bits = _groups.group_max(absb, scheme)
-    poisoned = amax_bits >= _bits.INF_BITS
-    poisoned_elements = _groups.expand(poisoned, scheme, shape)
-    amax = _bits.from_bits(np.where(poisoned, np.uint32(0), amax_bits))
+    rows, row_scheme = _as_rows(x, scheme)
+    random_rows = None if random_bits is None else np.reshape(random_bits, rows.shape)
+    slabs = _groups.slabs(rows.shape, row_scheme, chunk_elements)
+    row_size = math.prod(rows.shape[1:])
+
+    # Groups that span axis 0, and NVFP4's global scale, need every slab's amax first.
+    nvfp4_global = scheme.family == "nvfp4" and scheme.global_scale  # type: ignore[union-attr]
+    amax_bits = None
+    if row_scheme.tiles(rows.ndim)[0] is None or nvfp4_global:
+        amax_bits = np.zeros(row_scheme.scale_shape(rows.shape), np.uint32)
+        for start, stop in slabs:
+            part = amax_bits[_groups.slab_groups(start, stop, row_scheme, rows.ndim)]
+            np.maximum(part, _groups.group_max(_abs_bits(rows[start:stop]), row_scheme), out=part)
+        amax_bits = np.where(amax_bits <= _bits.MANT_MASK, np.uint32(0), amax_bits)
+    nvfp4 = _nvfp4_global(amax_bits, scheme) if scheme.family == "nvfp4" else None
+
+    packed = fmt.name == "float4_e2m1fn"
+    codes = np.empty(rows.shape[:-1] + (rows.shape[-1] // 2,) if packed else rows.shape, np.uint8)
+    scale_dtype = np.float32 if scheme.family == "float" else np.uint8
+    scale = np.empty(row_scheme.scale_shape(rows.shape), scale_dtype)
+    scratch = _rounding.Scratch()
+    for start, stop in slabs:
+        groups = _groups.slab_groups(start, stop, row_scheme, rows.ndim)
+        xf = np.ascontiguousarray(rows[start:stop], dtype=np.float32)
+        absb = None if amax_bits is not None and scheme.family == "float" else _bits.abs_bits(xf)
+        if amax_bits is not None:
+            slab_amax = amax_bits[groups]
+        else:
+            slab_amax = _flushed_group_max(absb, row_scheme)  # type: ignore[arg-type]
+        poisoned = slab_amax >= _bits.INF_BITS
+        if check_finite and poisoned.any():
+            raise _non_finite_error(x, rows, slabs, name)
+        if nvfp4 is not None and nvfp4.poisoned:
+            poisoned = np.ones_like(poisoned)
+        owned = not np.may_share_memory(xf, x)
+        flush = absb if scheme.family != "float" else None
+        xf = _finite_input(xf, flush, poisoned, row_scheme, owned)
+        amax = _bits.from_bits(np.where(poisoned, np.uint32(0), slab_amax))
+
+        if scheme.family == "float":
+            multiplier, d = float_scales(amax, fmt, scheme.pow2)  # type: ignore[union-attr]
+            scale[groups] = np.where(poisoned, _bits.from_bits(_bits.NAN_F32), d)
+        elif scheme.family == "mx":
+            s = mx_scale_bytes(slab_amax, fmt, scheme.mode)  # type: ignore[union-attr]
+            s = np.where(poisoned, np.uint8(0xFF), s)
+            # 2**(127 - s) is a normal float32 for every finite-group byte s in [0, 253].
+            multiplier = _bits.pow2(127 - np.where(poisoned, 127, s.astype(np.int64)))
+            scale[groups] = s
+        elif nvfp4 is not None:
+            multiplier, scale[groups] = _nvfp4_block_scales(nvfp4, amax, poisoned)
+        else:
+            raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
+
+        # NVFP4's x * inv may overflow (inv = FLT_MAX where p is 0): the clamp bounds it.
+        with np.errstate(over="ignore") if nvfp4 is not None else contextlib.nullcontext():
+            v = _groups.multiply(xf, multiplier, row_scheme)
+        np.clip(v, -np.float32(fmt.max), np.float32(fmt.max), out=v)
+        random = None
+        if source == "seed":
+            first = offset + start * row_size
+            random = _rounding.random_bits_from(int(seed), int(first), v.size, scratch)  # type: ignore[arg-type]
+            random = random.reshape(v.shape)
+        elif source == "bits":
+            random = random_rows[start:stop]  # type: ignore[index]
+        slab_codes = _rounding.round_elements(v, fmt, random, scratch)
+        codes[start:stop] = _layouts.pack_fp4(slab_codes) if packed else slab_codes
+
     global_scale = None
-
-    if scheme.family == "float":
-        m, d = float_scales(amax, fmt, scheme.pow2)  # type: ignore[union-attr]  # float family
-        with np.errstate(over="ignore", invalid="ignore"):  # only in poisoned groups
-            v = _bits.ftz(np.multiply(xf, _groups.expand(m, scheme, shape), dtype=np.float32))
-        codes = _encode_elements(v, fmt, random, poisoned_elements)
-        scale = np.where(poisoned, _bits.from_bits(_bits.NAN_F32), d).astype(np.float32)
-    elif scheme.family == "mx":
-        s = np.where(poisoned, np.uint8(0xFF), mx_scale_bytes(amax_bits, fmt, scheme.mode))  # type: ignore[union-attr]
-        # 2**(127 - s) is a normal float32 for every finite-group byte s in [0, 253].
-        exponent = 127 - np.where(poisoned, 127, s.astype(np.int64))
-        v = _bits.ftz(
-            np.multiply(xf, _bits.pow2(_groups.expand(exponent, scheme, shape)), dtype=np.float32)
-        )
-        codes = _encode_elements(v, fmt, random, poisoned_elements)
-        scale = s.astype(np.uint8)
-    elif scheme.family == "nvfp4":
-        codes, scale, global_scale = _quantize_nvfp4(xf, absb, scheme, random, amax, poisoned)
-    else:
-        raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
-
-    if fmt.name == "float4_e2m1fn":
-        codes = _layouts.pack_fp4(codes)
+    if nvfp4 is not None and nvfp4_global:
+        stored = _bits.from_bits(_bits.NAN_F32) if nvfp4.poisoned else nvfp4.s_dec
+        global_scale = np.asarray(stored, dtype=np.float32).reshape(())
     return _qtensor.QTensor(
-        codes=np.asarray(codes, dtype=np.uint8, order="C"),
-        scale=np.asarray(scale, order="C"),
+        codes=codes.reshape(shape[:-1] + codes.shape[-1:] if shape else ()),
+        scale=scale.reshape(scheme.scale_shape(shape)),
         global_scale=global_scale,
         scheme=scheme,
         shape=tuple(int(n) for n in shape),
@@ -183,52 +266,71 @@ def quantize(
     )
 
 
-def _nvfp4_global(absb: np.ndarray, scheme) -> tuple[np.float32, np.float32, bool]:
-    """(S_enc, S_dec, tensor poisoned) of spec §3.3; (1, 1, False) without a global scale."""
+def _finite_input(xf, absb, poisoned, scheme, owned: bool) -> np.ndarray:
+    """A slab ready to scale: elements of poisoned groups zeroed (so that no NaN, and
+    no signalling NaN, reaches an arithmetic op: they encode to code 0) and, where their
+    |x| patterns `absb` are given (the MX and NVFP4 families), float32 subnormals
+    flushed (spec §0.2): those scales may be large enough to make a subnormal count. The float family's multiplier is at
+    most fmt.max / EPS, which leaves a subnormal far below every format's smallest
+    subnormal, so it rounds to the same signed zero flushed or not. Copies before
+    writing unless `owned`."""
+    if poisoned.any():
+        xf = xf if owned else xf.copy()
+        owned = True
+        np.copyto(xf, np.float32(0), where=_groups.expand(poisoned, scheme, xf.shape))
+    if absb is not None and ((absb - np.uint32(1)) < _bits.MANT_MASK).any():  # 0 wraps
+        xf = _bits.ftz(xf)
+    return xf
+
+
+class _Nvfp4Global(NamedTuple):
+    """NVFP4's per-tensor step (spec §3.3): S_enc, S_dec, and whether a non-finite tensor
+    poisons every block."""
+
+    s_enc: np.float32
+    s_dec: np.float32
+    poisoned: bool
+
+
+def _nvfp4_global(block_amax_bits: np.ndarray | None, scheme) -> _Nvfp4Global:
+    """From the tensor amax, the max of the block amaxes; (1, 1) without a global scale."""
     one = np.float32(1)
     if not scheme.global_scale:
-        return one, one, False
-    tensor_amax_bits = np.max(absb, initial=0)
-    if tensor_amax_bits >= _bits.INF_BITS:  # a non-finite tensor poisons every block
-        return one, one, True
+        return _Nvfp4Global(one, one, False)
+    assert block_amax_bits is not None
+    tensor_amax_bits = np.max(block_amax_bits, initial=0)
+    if tensor_amax_bits >= _bits.INF_BITS:
+        return _Nvfp4Global(one, one, True)
     if tensor_amax_bits == 0:
-        return one, one, False
+        return _Nvfp4Global(one, one, False)
     tensor_amax = _bits.from_bits(np.asarray(tensor_amax_bits, np.uint32))
     with np.errstate(over="ignore"):
         s_enc = np.minimum(
             np.divide(np.float32(2688), tensor_amax, dtype=np.float32), _bits.FLT_MAX
         )
     s_dec = _bits.ftz(np.divide(one, s_enc, dtype=np.float32))
-    return np.float32(s_enc), np.float32(s_dec), False
+    return _Nvfp4Global(np.float32(s_enc), np.float32(s_dec), False)
 
 
-def _quantize_nvfp4(xf, absb, scheme, random, block_amax, block_poisoned):
-    """Transformer Engine's NVFP4 formula (spec §3.3), with lowp's poisoning (§6)."""
-    s_enc, s_dec, tensor_poisoned = _nvfp4_global(absb, scheme)
-    if tensor_poisoned:
-        block_poisoned = np.ones_like(block_poisoned)
+def _nvfp4_block_scales(
+    tensor: _Nvfp4Global, block_amax: np.ndarray, block_poisoned: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(the encode multiplier 1/p, the stored e4m3 byte) of each block: Transformer
+    Engine's formula (spec §3.3), with lowp's poisoning (§6)."""
     one = np.float32(1)
-    k = np.multiply(s_enc, np.divide(one, np.float32(6), dtype=np.float32), dtype=np.float32)
-    with np.errstate(over="ignore"):  # amax*k and x*inv may overflow: min/clamp bound them
+    k = np.multiply(tensor.s_enc, np.divide(one, np.float32(6), dtype=np.float32), dtype=np.float32)
+    with np.errstate(over="ignore"):  # amax*k may overflow: the min bounds it
         sb_value = np.minimum(
             _bits.ftz(np.multiply(block_amax, k, dtype=np.float32)), np.float32(448)
         )
-        sb = _formats.encode_in_range(sb_value, _E4M3)
-        p = _bits.ftz(np.multiply(_formats.decode(sb, _E4M3), s_dec, dtype=np.float32))
-        safe_p = np.where(p == 0, one, p)
-        inv = np.where(
-            p == 0,
-            _bits.FLT_MAX,
-            np.minimum(np.divide(one, safe_p, dtype=np.float32), _bits.FLT_MAX),
-        )
-        v = np.multiply(xf, _groups.expand(inv, scheme, xf.shape), dtype=np.float32)
-    codes = _encode_elements(v, _E2M1, random, _groups.expand(block_poisoned, scheme, xf.shape))
-    scale = np.where(block_poisoned, np.uint8(_E4M3.nan_codes[0]), sb).astype(np.uint8)
-    global_scale = None
-    if scheme.global_scale:
-        stored = _bits.from_bits(_bits.NAN_F32) if tensor_poisoned else s_dec
-        global_scale = np.asarray(stored, dtype=np.float32).reshape(())
-    return codes, scale, global_scale
+    sb = _formats.encode_in_range(sb_value, _E4M3)
+    p = _bits.ftz(np.multiply(_formats.decode(sb, _E4M3), tensor.s_dec, dtype=np.float32))
+    safe_p = np.where(p == 0, one, p)
+    inv = np.where(
+        p == 0, _bits.FLT_MAX, np.minimum(np.divide(one, safe_p, dtype=np.float32), _bits.FLT_MAX)
+    )
+    stored = np.where(block_poisoned, np.uint8(_E4M3.nan_codes[0]), sb).astype(np.uint8)
+    return inv.astype(np.float32), stored
 
 
 def _plain_scale(q: _qtensor.QTensor) -> np.ndarray:

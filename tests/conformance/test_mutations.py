@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import lowp
-from lowp import _bits, _formats, _quantize
+from lowp import _bits, _quantize, _rounding
 from lowp_apps.conformance import cases, run
 
 MX_RCEIL = cases.Configuration(
@@ -82,7 +82,7 @@ def test_numpy_rceil_as_floor_is_caught(backend):
 
 @pytest.mark.parametrize("backend", ["torch_cpu", "jax_cpu"], indirect=True)
 def test_numpy_encoder_truncating_is_caught(backend):
-    original = _formats.encode_in_range  # what quantize calls (after its clamp)
+    original = _rounding.nearest_codes  # what quantize calls (after its clamp)
 
     def truncating(v, fmt):
         keep = np.uint32(0xFFFFFFFF) << np.uint32(23 - fmt.mbits)
@@ -92,7 +92,7 @@ def test_numpy_encoder_truncating_is_caught(backend):
         backend,
         TENSOR,
         "random",
-        lambda p: p.setattr(_formats, "encode_in_range", truncating),
+        lambda p: p.setattr(_rounding, "nearest_codes", truncating),
         "codes",
     )
 
