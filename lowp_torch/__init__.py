@@ -10,7 +10,8 @@ for inference.
 Training (spec §8): `convert_to_training(model, recipe)` swaps each nn.Linear for a
 `Linear` whose forward, dgrad and wgrad GEMMs are quantized as the recipe says, in
 eager mode and under torch.compile; `training_operands` shows the bytes each GEMM gets;
-`to_inference` turns the trained model into `quantize_`'s inference form.
+`to_inference` turns the trained model into `quantize_`'s inference form;
+`fsdp_quantized_all_gather` has FSDP2 gather its weights as codes and scales.
 
 Speed without torch.compile: on CUDA, eager `quantize` runs fp8 tensorwise, rowwise
 and MX casts as fused Triton kernels (same bytes); `cast_kernels` picks the path.
@@ -23,6 +24,7 @@ from lowp_torch import _cast_ops  # noqa: F401 - registers the lowp:: custom ops
 from lowp_torch._cast_kernels import cast_kernels
 from lowp_torch._config import LinearConfig
 from lowp_torch._convert import from_lowp, to_lowp
+from lowp_torch._fsdp import fsdp_quantized_all_gather
 from lowp_torch._gemm import scaled_matmul
 from lowp_torch._model import load_quantized, quantize_, save_quantized, to_inference
 from lowp_torch._qtensor import QuantizedTensor
@@ -46,6 +48,7 @@ __all__ = [
     "convert_to_training",
     "dequantize",
     "from_lowp",
+    "fsdp_quantized_all_gather",
     "load_quantized",
     "quantize",
     "quantize_",
