@@ -128,6 +128,10 @@ class Linear(nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if type(self.weight).__name__ == "DTensor":  # tensor parallel: `_tensor_parallel`
+            from lowp_torch import _tensor_parallel
+
+            return _tensor_parallel.forward(self, x)
         if torch.compiler.is_compiling():  # traced once: the policy is asked directly
             self._check_input(x)
             return self._run(
