@@ -84,6 +84,11 @@ class ShardedWeight(torch.Tensor):
     def __repr__(self):
         return f"ShardedWeight({self.data_!r}, recipe={self.plan.recipe.name!r}, name={self.layer_name!r})"
 
+    def __reduce_ex__(self, protocol):
+        # A checkpoint (torch.save, torch.distributed.checkpoint) holds the plain values:
+        # the float model's, which loads anywhere without lowp.
+        return self.data_.__reduce_ex__(protocol)
+
     def __tensor_flatten__(self):
         return ["data_"], (self.plan, self.layer_name)
 

@@ -1,6 +1,7 @@
 """FSDP2 with quantized all-gather (lowp_torch._fsdp), on CPU processes talking gloo:
 the gathered codes and scales are `lowp.quantize`'s of the full weight, a sharded run
-trains as the one-process run does, and the gather moves about half bf16's bytes."""
+trains as the one-process run does (and its sharded checkpoint loads into one process
+with those bytes), and the gather moves about half bf16's bytes."""
 
 import os
 import tempfile
@@ -135,9 +136,12 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return (t.data_ if isinstance(t, _fsdp.ShardedWeight) else t).detach().clone()
 
 
-def _training_worker(rank, ranks, recipe):
+def _training_worker(rank, ranks, recipe, checkpoint):
     """Each rank's losses and its shard of every parameter after STEPS SGD steps, each
-    rank training on its own slice of every batch."""
+    rank training on its own slice of every batch; the sharded state_dict saved to
+    `checkpoint` with torch.distributed.checkpoint."""
+    import torch.distributed.checkpoint as dcp
+
     model = sharded(_model(recipe), ranks)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     losses = []
@@ -147,6 +151,7 @@ def _training_worker(rank, ranks, recipe):
         opt.step()
         opt.zero_grad()
         losses.append(loss.detach())
+    dcp.save(model.state_dict(), checkpoint_id=checkpoint)
     return {"losses": losses, "params": {k: _local(v) for k, v in model.named_parameters()}}
 
 
@@ -170,12 +175,27 @@ def _one_process(recipe, ranks):
     return losses, dict(model.named_parameters())
 
 
-@pytest.mark.parametrize("recipe", ["float8_rowwise"])
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        "float8_rowwise",
+        pytest.param("float8_tensorwise", marks=pytest.mark.slow),
+        pytest.param("mxfp8", marks=pytest.mark.slow),
+    ],
+)
 def test_sharded_training_matches_one_process(recipe):
     # Two ranks: the reduce-scatter adds two gradients, which commutes, so the sharded
     # run is bit for bit the one-process run (four ranks would sum in another order).
-    results = spawn(_training_worker, 2, recipe)
-    losses, params = _one_process(recipe, 2)
+    import torch.distributed.checkpoint as dcp
+
+    with tempfile.TemporaryDirectory() as checkpoint:
+        results = spawn(_training_worker, 2, recipe, checkpoint)
+        losses, params = _one_process(recipe, 2)
+        # The sharded checkpoint loads into one process with the one-process run's bytes.
+        loaded = {name: torch.zeros_like(p) for name, p in params.items()}
+        dcp.load(loaded, checkpoint_id=checkpoint)
+    for name, p in params.items():
+        assert torch.equal(loaded[name], p.detach()), name
     for r, got in enumerate(results):
         for step, loss in enumerate(got["losses"]):
             assert torch.equal(loss, losses[step][r]), (step, r)
