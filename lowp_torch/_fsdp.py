@@ -246,7 +246,8 @@ def fsdp_quantized_all_gather(model: nn.Module) -> nn.Module:
     `fully_shard`. The values, the state_dict keys and an optimizer's view are unchanged.
 
     Raises ValueError naming the layer for a recipe whose dgrad cannot be made from
-    gathered codes (high-precision dgrad, fp4 along the first axis)."""
+    gathered codes (high-precision dgrad, fp4 along the first axis) or that accumulates
+    weight gradients in `main_grad`, which FSDP2 does not reduce-scatter."""
     for name, module in model.named_modules():
         if not isinstance(module, _training_linear.Linear):
             continue
@@ -256,6 +257,11 @@ def fsdp_quantized_all_gather(model: nn.Module) -> nn.Module:
             raise ValueError(
                 f"{name}: recipe {plan.recipe.name} needs w in high precision for its dgrad; "
                 "a quantized all-gather cannot give it"
+            )
+        if plan.recipe.fp32_weight_grad_accumulation:  # main_grad would miss the reduce-scatter
+            raise ValueError(
+                f"{name}: fp32_weight_grad_accumulation is not supported with FSDP2's "
+                "quantized all-gather (use FSDP2's MixedPrecisionPolicy(reduce_dtype=float32))"
             )
         if isinstance(weight, ShardedWeight):
             continue

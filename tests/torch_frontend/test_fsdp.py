@@ -3,6 +3,7 @@ the gathered codes and scales are `lowp.quantize`'s of the full weight, a sharde
 trains as the one-process run does (and its sharded checkpoint loads into one process
 with those bytes), and the gather moves about half bf16's bytes."""
 
+import dataclasses
 import os
 import tempfile
 
@@ -109,6 +110,15 @@ def test_gathered_bytes_are_the_full_weights_quantize():
 @pytest.mark.slow
 def test_gathered_bytes_on_four_ranks():
     _check_gathered(spawn(_gathered_worker, 4, RECIPES))
+
+
+def test_main_grad_accumulation_is_refused():
+    recipe = dataclasses.replace(
+        lowp.Recipe.from_name("float8_rowwise"), fp32_weight_grad_accumulation=True
+    )
+    model = lowp_torch.convert_to_training(nn.Sequential(nn.Linear(K, N)), recipe)
+    with pytest.raises(ValueError, match="0: fp32_weight_grad_accumulation is not supported"):
+        _fsdp.fsdp_quantized_all_gather(model)
 
 
 def test_a_shard_that_splits_an_mx_block_is_refused():
