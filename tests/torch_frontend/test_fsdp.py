@@ -256,3 +256,27 @@ def test_fp8_all_gather_sends_about_half_of_bf16():
         # Tensorwise gathers one set of codes (the dgrad reuses them); rowwise and MX
         # gather w along K and along N, each half of bf16's bytes (lowp_torch._fsdp).
         assert ratio <= (0.55 if recipe == "float8_tensorwise" else 1.1), (recipe, ratio)
+
+
+def _checkpointing_worker(rank, ranks):
+    """Output and gradient shards of one step, then of the same step under activation
+    checkpointing (the forward recomputed in the backward, from a fresh gather)."""
+    from torch.utils.checkpoint import checkpoint
+
+    model = sharded(_model("float8_rowwise"), ranks)
+    x = _data(ranks)[0, rank]
+    runs = []
+    for run in (model, lambda x: checkpoint(model, x, use_reentrant=False)):
+        y = run(x)
+        y.square().mean().backward()
+        runs.append((y.detach(), {k: _local(p.grad) for k, p in model.named_parameters()}))
+        model.zero_grad()
+    return runs
+
+
+@pytest.mark.slow
+def test_activation_checkpointing_gives_the_same_step():
+    for plain, checkpointed in spawn(_checkpointing_worker, 2):
+        assert torch.equal(plain[0], checkpointed[0])
+        for name, grad in plain[1].items():
+            assert torch.equal(grad, checkpointed[1][name]), name
