@@ -16,6 +16,10 @@ wgrad GEMMs on operands quantized at each call (a `jax.custom_vjp`, stateless);
 `training_operands` returns the quantized operands of every GEMM, and `to_inference`
 turns the trained parameters or nnx model into the `quantize_params` form.
 
+Sharding: `all_gather_quantized` (and, inside `shard_map`, `quantize_gathered`,
+`quantize_shard`) quantizes a weight sharded along its first axis shard by shard and
+gathers codes and scales, the bytes of quantizing it whole.
+
 Switches, each a scoped context manager read when a computation is traced:
 `cast_kernels("xla")` keeps the float8 casts off the Pallas kernel, and
 `gemm_output("float32")` has every fp8 GEMM write float32.
@@ -36,6 +40,7 @@ from lowp_jax._quantize import dequantize, quantize
 from lowp_jax._quantized_dot import QuantizedDotGeneral, dot_general_cls
 from lowp_jax._ragged_dot import grouped_operands, ragged_dot
 from lowp_jax._rounding import random_bits
+from lowp_jax._sharding import all_gather_quantized, quantize_gathered, quantize_shard
 from lowp_jax._training import (
     TrainingDotGeneral,
     training_dot_general,
@@ -47,6 +52,7 @@ __all__ = [
     "QArray",
     "QuantizedDotGeneral",
     "TrainingDotGeneral",
+    "all_gather_quantized",
     "cast_kernels",
     "dequantize",
     "dequantize_checkpoint",
@@ -59,7 +65,9 @@ __all__ = [
     "grouped_operands",
     "load_quantized",
     "quantize",
+    "quantize_gathered",
     "quantize_params",
+    "quantize_shard",
     "ragged_dot",
     "random_bits",
     "save_quantized",

@@ -10,7 +10,8 @@ for inference.
 Training (spec §8): `convert_to_training(model, recipe)` swaps each nn.Linear for a
 `Linear` whose forward, dgrad and wgrad GEMMs are quantized as the recipe says, in
 eager mode and under torch.compile; `training_operands` shows the bytes each GEMM gets;
-`to_inference` turns the trained model into `quantize_`'s inference form.
+`to_inference` turns the trained model into `quantize_`'s inference form;
+`fsdp_quantized_all_gather` has FSDP2 gather its weights as codes and scales.
 Mixture of experts (spec §10): `grouped_mm(x, w, offs, recipe)` runs the three grouped
 GEMMs of stacked experts quantized, and `GroupedExperts` /
 `convert_experts_to_training` put it into a model.
@@ -27,6 +28,7 @@ from lowp_torch._cast_kernels import cast_kernels
 from lowp_torch._checkpoints import dequantize_checkpoint
 from lowp_torch._config import LinearConfig
 from lowp_torch._convert import from_lowp, to_lowp
+from lowp_torch._fsdp import fsdp_quantized_all_gather
 from lowp_torch._gemm import scaled_matmul
 from lowp_torch._grouped_experts import (
     GroupedExperts,
@@ -68,6 +70,7 @@ __all__ = [
     "dequantize_checkpoint",
     "from_lowp",
     "from_pretrained",
+    "fsdp_quantized_all_gather",
     "grouped_mm",
     "grouped_operands",
     "load_quantized",

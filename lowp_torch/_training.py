@@ -148,9 +148,13 @@ def forward_operands(x2, w, plan, name="linear", dgrad_runs=True, wgrad_runs=Tru
     a, keep_x = _quantize_and_keep(
         x2, forward.a, plan.transposed_operand("x"), wgrad_runs, f"{name} forward: x"
     )
-    b, keep_w = _quantize_and_keep(
-        w, forward.b, plan.transposed_operand("w"), dgrad_runs, f"{name} forward: w"
-    )
+    gathered = getattr(w, "lowp_gathered_operands", None)  # FSDP2 gathered codes: `_fsdp`
+    if gathered is not None:
+        b, keep_w = gathered(forward.b)
+    else:
+        b, keep_w = _quantize_and_keep(
+            w, forward.b, plan.transposed_operand("w"), dgrad_runs, f"{name} forward: w"
+        )
     return (a, b), (keep_x, keep_w)
 
 
@@ -282,6 +286,8 @@ def in_high_precision(x, weight, recipe, lowering: Lowering) -> bool:
     in high precision, because the fp8 GEMM kernels would run it at a loss. Says so
     once per layer and reason, at INFO."""
     if lowering.small_shapes != "auto" or not fp8_kernels_run(recipe, weight.device, lowering):
+        return False
+    if hasattr(weight, "lowp_gathered_operands"):  # codes only: no values to run on
         return False
     n, k = weight.shape
     tokens = x.numel() // k

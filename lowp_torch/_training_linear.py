@@ -131,6 +131,10 @@ class Linear(nn.Linear):
         """`x @ weight.T + bias` for `x` (..., in_features), the recipe's forward GEMM
         quantized (and its dgrad and wgrad in the backward), or the float layer's call
         where `small_shapes="auto"` keeps this call in high precision."""
+        if type(self.weight).__name__ == "DTensor":  # tensor parallel: `_tensor_parallel`
+            from lowp_torch import _tensor_parallel
+
+            return _tensor_parallel.forward(self, x)
         if torch.compiler.is_compiling():  # traced once: the policy is asked directly
             self._check_input(x)
             return self._run(

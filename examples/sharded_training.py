@@ -1,0 +1,111 @@
+"""Sharded training with lowp on CPU: FSDP2 with fp8 all-gather, then tensor parallel,
+each on two gloo processes, then JAX's FSDP-style gather on four host devices.
+
+    python examples/sharded_training.py            # all three
+    python examples/sharded_training.py --only fsdp|tp|jax
+
+On GPUs swap "gloo"/"cpu" for "nccl"/"cuda" (and torchrun for the spawn); nothing else
+changes. docs/sharding.md explains each part.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import lowp_torch
+
+
+def model(recipe: str) -> nn.Module:
+    torch.manual_seed(0)
+    layers = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256))
+    return lowp_torch.convert_to_training(layers, recipe)
+
+
+def fsdp(rank: int, ranks: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (ranks,))
+    net = model("float8_tensorwise")
+    lowp_torch.fsdp_quantized_all_gather(net)  # before fully_shard: weights gather as fp8
+    for layer in net:
+        if isinstance(layer, lowp_torch.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    torch.manual_seed(1 + rank)  # each rank its own data
+    for step in range(3):
+        loss = net(torch.randn(64, 256)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if rank == 0:
+            print(f"fsdp step {step}: loss {loss.item():.5f}")
+
+
+def tensor_parallel(rank: int, ranks: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (ranks,))
+    net = model("mxfp8")  # MX blocks of 32 divide 512 / 2 and 256 / 2: every block in a shard
+    parallelize_module(net, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    torch.manual_seed(1)  # the same data on every rank
+    loss = net(torch.randn(64, 256)).square().mean()
+    loss.backward()
+    if rank == 0:
+        print(f"tp: loss {loss.item():.5f}")
+
+
+def _entry(rank, what, ranks, rendezvous):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=ranks)
+    try:
+        {"fsdp": fsdp, "tp": tensor_parallel}[what](rank, ranks)
+    finally:
+        dist.destroy_process_group()
+
+
+JAX = """
+import jax, jax.numpy as jnp, numpy as np, lowp, lowp_jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+mesh = Mesh(np.array(jax.devices()), ("fsdp",))
+w = jax.device_put(jax.random.normal(jax.random.key(0), (512, 256), jnp.bfloat16),
+                   NamedSharding(mesh, P("fsdp", None)))
+scheme = lowp.MXScaling(mode="rceil")
+q = jax.jit(lambda w: lowp_jax.all_gather_quantized(w, scheme, mesh, "fsdp"))(w)
+same = np.array_equal(np.asarray(lowp_jax.to_lowp(q).codes).view(np.uint8),
+                      np.asarray(lowp.quantize(np.asarray(w), scheme).codes).view(np.uint8))
+print(f"jax: {mesh.size} devices gathered {q.codes.nbytes + q.scale.nbytes} bytes "
+      f"(bf16: {w.nbytes}); codes equal lowp.quantize of the whole weight: {same}")
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("fsdp", "tp", "jax"))
+    what = parser.parse_args().only
+    for part in ("fsdp", "tp"):
+        if what in (None, part):
+            with tempfile.TemporaryDirectory() as d:
+                rendezvous = f"file://{os.path.join(d, 'rendezvous')}"
+                torch.multiprocessing.spawn(_entry, args=(part, 2, rendezvous), nprocs=2)
+    if what in (None, "jax"):
+        env = dict(os.environ, JAX_PLATFORMS="cpu")
+        env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+        subprocess.run([sys.executable, "-c", JAX], env=env, check=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""A weight sharded along its first axis, quantized where it lies and gathered as codes
+and scales (FSDP-style), with the bytes `lowp.quantize` gives the whole weight.
+
+Each device quantizes its rows; groups inside a shard (rows of an AxisScaling along the
+last axis, MX blocks of the last axis, blocks of rows a shard holds whole) need nothing
+from the others. Groups that span every shard (TensorScaling; AxisScaling along the
+first axis: columns) take the whole tensor's amax: a `lax.pmax` of the shards' |x| bit
+patterns, the key `lowp.quantize` takes its maximum on (NaN and Inf included), which
+the shard quantizes with one extra row holding it. A block of rows that two shards
+would split is refused, naming the array, the shard's rows and the block.
+
+`quantize_gathered(local, scheme, axis_name)` runs inside `jax.shard_map` (a training
+step written per device); `all_gather_quantized(w, scheme, mesh, axis)` wraps it for a
+global array sharded over a mesh axis.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import lowp
+from lowp_jax import _bits, _qarray, _quantize
+
+
+def quantize_shard(local, scheme: lowp.Scheme, axis_name: str, *, name: str = "weight"):
+    """Inside `shard_map` over `axis_name`: this device's rows of a weight sharded along
+    axis 0, quantized as the whole weight would be. Its codes (and row-group scales) are
+    this shard's part of `lowp.quantize`'s; scales of groups that span shards are the
+    whole weight's, the same on every device."""
+    if local.ndim != 2:
+        raise ValueError(f"{name}: a sharded weight must be 2-D, got shape {local.shape}")
+    t0, t1 = scheme.tiles(2)
+    if t0 is not None:
+        if local.shape[0] % t0:
+            ranks = lax.axis_size(axis_name)
+            raise ValueError(
+                f"{name}: a shard of {local.shape[0]} rows (over {ranks} devices of "
+                f"{axis_name!r}) splits the {t0}-row blocks of {scheme}; shard so each "
+                f"device's rows are a multiple of {t0}"
+            )
+        return _quantize.quantize(local, scheme, name=name)
+    absb = _bits.bits(local.astype(jnp.float32)) & _bits.ABS
+    amax = absb.max() if t1 is None else absb.max(axis=0)
+    amax = lax.pmax(amax, axis_name)
+    amax_row = jnp.broadcast_to(_bits.from_bits(amax).astype(local.dtype), (1, local.shape[1]))
+    q = _quantize.quantize(jnp.concatenate([local, amax_row]), scheme, name=name)
+    return _qarray.QArray(
+        q.codes[:-1], q.scale, None, scheme, tuple(local.shape), q.hp_dtype, q.scale_layout
+    )
+
+
+def quantize_gathered(local, scheme: lowp.Scheme, axis_name: str, *, name: str = "weight"):
+    """Inside `shard_map` over `axis_name`: the whole weight's QArray, every device's
+    shard quantized (`quantize_shard`) and all-gathered as codes and scales."""
+    q = quantize_shard(local, scheme, axis_name, name=name)
+    codes = lax.all_gather(q.codes, axis_name, axis=0, tiled=True)
+    row_groups = scheme.tiles(2)[0] is not None
+    scale = lax.all_gather(q.scale, axis_name, axis=0, tiled=True) if row_groups else q.scale
+    shape = (codes.shape[0], local.shape[1])
+    return _qarray.QArray(codes, scale, None, scheme, shape, q.hp_dtype, q.scale_layout)
+
+
+def all_gather_quantized(w, scheme: lowp.Scheme, mesh, axis: str, *, name: str = "weight"):
+    """`w` (N, K), sharded along N over `mesh`'s `axis`, quantized shard by shard and
+    gathered as codes and scales: a QArray, replicated, with the bytes of
+    `lowp_jax.quantize(w, scheme)`."""
+    if scheme.family == "nvfp4":
+        raise ValueError(f"{name}: NVFP4's global scale is not gathered shard by shard yet")
+
+    def per_device(local):
+        return quantize_gathered(local, scheme, axis, name=name)
+
+    return jax.shard_map(
+        per_device, mesh=mesh, in_specs=P(axis, None), out_specs=P(), check_vma=False
+    )(w)

@@ -1,0 +1,49 @@
+"""A weight sharded over four host devices, quantized shard by shard and all-gathered as
+codes and scales (lowp_jax._sharding), is `lowp.quantize`'s of the whole weight."""
+
+from host_devices import run_on_four_cpu_devices
+
+SCRIPT = """
+import jax, jax.numpy as jnp, numpy as np, lowp, lowp_jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from lowp_jax import _sharding
+
+mesh = Mesh(np.array(jax.devices()), ("fsdp",))
+assert mesh.size == 4, mesh
+w = jax.random.normal(jax.random.key(0), (128, 64), jnp.bfloat16).at[5, 7].set(100.0)
+poisoned = w.at[40, 3].set(jnp.nan).at[90, 9].set(jnp.inf)  # NaN/Inf poison their groups
+schemes = [
+    lowp.TensorScaling(),
+    lowp.AxisScaling(axis=-1, pow2=True),
+    lowp.AxisScaling(axis=-2, pow2=True),
+    lowp.MXScaling(mode="rceil"),
+    lowp.MXScaling(mode="rceil", axis=-2),
+]
+
+def as_bytes(a):
+    return np.asarray(a).reshape(-1).view(np.uint8)
+
+for full in (w, poisoned):
+    sharded = jax.device_put(full, NamedSharding(mesh, P("fsdp", None)))
+    for scheme in schemes:
+        gather = jax.jit(lambda x: _sharding.all_gather_quantized(x, scheme, mesh, "fsdp"))
+        got = lowp_jax.to_lowp(gather(sharded))
+        ref = lowp.quantize(np.asarray(full), scheme)
+        assert np.array_equal(as_bytes(got.codes), as_bytes(ref.codes)), scheme
+        assert np.array_equal(as_bytes(got.scale), as_bytes(ref.scale)), scheme
+        print("equal", scheme)
+
+small = jax.device_put(w[:64], NamedSharding(mesh, P("fsdp", None)))  # 16 rows a device
+try:
+    _sharding.all_gather_quantized(small, lowp.MXScaling(axis=-2), mesh, "fsdp", name="fc1")
+except ValueError as e:
+    assert "fc1: a shard of 16 rows" in str(e) and "32-row blocks" in str(e), e
+    print("refused", e)
+else:
+    raise AssertionError("a shard splitting an MX block was not refused")
+"""
+
+
+def test_gathered_codes_are_the_unsharded_quantize_on_four_devices():
+    out = run_on_four_cpu_devices(SCRIPT)
+    assert out.count("equal") == 10 and "refused" in out, out

@@ -1,0 +1,87 @@
+"""lowp_torch.Linear under DTensor tensor parallelism (lowp_torch._tensor_parallel), on
+two CPU processes talking gloo: each rank's GEMMs get the unsharded layer's bytes, and a
+split that would cut a quantization group is refused."""
+
+import pytest
+import torch
+from test_fsdp import spawn
+from torch import nn
+
+import lowp
+import lowp_torch
+from lowp import extend
+from lowp_torch import _tensor_parallel
+
+K, N, M = 128, 128, 32
+
+
+def _layer_and_data():
+    torch.manual_seed(0)
+    layer = lowp_torch.convert_to_training(nn.Linear(K, N), "mxfp8")
+    g = torch.Generator().manual_seed(1)
+    return layer, torch.randn(M, K, generator=g), torch.randn(M, N, generator=g)
+
+
+def _tp_worker(rank, ranks, style):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    layer, x, g = _layer_and_data()
+    mesh = init_device_mesh("cpu", (ranks,))
+    parallel = ColwiseParallel() if style == "colwise" else RowwiseParallel()
+    layer = parallelize_module(layer, mesh, parallel)
+    if style == "rowwise":  # x arrives sharded along K, y leaves replicated
+        x = x.chunk(ranks, dim=-1)[rank]
+    else:  # x replicated, y sharded along N
+        g = g.chunk(ranks, dim=-1)[rank]
+    x.requires_grad_(True)
+    y = layer(x)
+    y.backward(g)
+    return {
+        "y": y.detach(),
+        "dx": x.grad,
+        "dw": layer.weight.grad.to_local(),
+        "db": layer.bias.grad.to_local() if style == "colwise" else layer.bias.grad.full_tensor(),
+    }
+
+
+def _one_process():
+    layer, x, g = _layer_and_data()
+    x.requires_grad_(True)
+    y = layer(x)
+    y.backward(g)
+    return {"y": y.detach(), "dx": x.grad, "dw": layer.weight.grad, "db": layer.bias.grad}
+
+
+@pytest.mark.parametrize("style", ["colwise", "rowwise"])
+def test_mxfp8_tensor_parallel_matches_one_device(style):
+    got = spawn(_tp_worker, 2, style)
+    ref = _one_process()
+    # Colwise: y, dw, db are the ranks' slices of the one-device run, bit for bit; dx
+    # sums the two ranks' partial dgrads, each rounded to float32 first: to rounding.
+    # Rowwise: dx and dw are slices, bit for bit; y sums two partial products.
+    sliced = {"colwise": {"y": -1, "dw": 0, "db": 0}, "rowwise": {"dx": -1, "dw": 1}}[style]
+    for name, dim in sliced.items():
+        whole = torch.cat([r[name] for r in got], dim=dim)
+        assert torch.equal(whole, ref[name]), name
+    summed = "dx" if style == "colwise" else "y"
+    for r in got:
+        torch.testing.assert_close(r[summed], ref[summed], rtol=1e-5, atol=1e-5)
+    if style == "rowwise":
+        assert torch.equal(got[0]["db"], ref["db"])
+
+
+def test_a_split_that_cuts_a_block_is_refused():
+    plan = extend.LinearPlan.of(lowp.Recipe.from_name("mxfp8"))
+    with pytest.raises(ValueError, match=r"fc1: .*N=32 over 2 ranks: 16 per rank .*blocks of 32"):
+        _tensor_parallel.check_split(plan, "N", 32, 2, "fc1")
+    plan = extend.LinearPlan.of(lowp.Recipe.from_name("float8_tensorwise"))
+    with pytest.raises(ValueError, match=r"fc1: RowwiseParallel .*the whole dim"):
+        _tensor_parallel.check_split(plan, "K", 128, 2, "fc1")
+    _tensor_parallel.check_split(
+        extend.LinearPlan.of(lowp.Recipe.from_name("mxfp8")), "K", 128, 2, "fc1"
+    )
