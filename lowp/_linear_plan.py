@@ -14,9 +14,9 @@ Each tensor is read twice: as it lies by one GEMM, transposed by a later one (x 
 forward, then the wgrad; w by the forward, then the dgrad; g by the dgrad, then the
 wgrad). The transposed operand is quantized from the high-precision tensor, never from
 the other orientation's codes, except under tensorwise scaling with the very scheme the
-tensor was quantized with before: one scale does not care about orientation and codes
-are elementwise, so those codes, transposed, are the bytes quantizing the transpose
-gives (`OperandPlan.reuses_codes`). Then the earlier GEMM keeps its codes for the later
+tensor was quantized with before (and likewise square blocks, 128x128 weight tiles):
+one scale does not care about orientation and codes are elementwise, so those codes,
+transposed, are the bytes quantizing the transpose gives (`OperandPlan.reuses_codes`). Then the earlier GEMM keeps its codes for the later
 one instead of the high-precision tensor (`LinearPlan.keeps_codes`).
 
 How a frontend quantizes a transposed operand is its own business, as long as the bytes
@@ -88,9 +88,13 @@ class OperandPlan:
     @property
     def reuses_codes(self) -> bool:
         """Whether the operand is the earlier codes of its tensor, transposed, instead of a
-        quantization of its own: only under tensorwise scaling with the very same scheme,
-        whose one scale and elementwise codes do not care about orientation."""
-        return isinstance(self.scheme, _schemes.TensorScaling) and self.scheme == self.earlier
+        quantization of its own: only where it takes the very scheme the tensor was
+        quantized with and that scheme groups t.T as it groups t (`Scaling.permuted`
+        gives it back): tensorwise scaling, whose one scale does not care about
+        orientation, and square blocks (blockwise float8's 128x128 weight tiles), whose
+        tile (i, j) of t is tile (j, i) of t.T. Codes are elementwise, so those codes,
+        transposed, are the bytes quantizing the transpose gives."""
+        return self.scheme == self.earlier and self.scheme.permuted((1, 0)) == self.scheme
 
     @property
     def along_first_axis(self) -> _schemes.Scheme | None:

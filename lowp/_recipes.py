@@ -167,12 +167,28 @@ def _mxfp8_gw_hp() -> Recipe:
     )
 
 
+def _float8_blockwise(pow2: bool) -> Recipe:
+    # DeepSeek-V3: activations and gradients per 1x128 along the GEMM's reduction axis,
+    # weights per 128x128 block, e4m3 everywhere. A transposed operand's 1x128 runs
+    # along its tensor's first axis (the plan's `along_first_axis`: 128x1 tiles there).
+    act = _schemes.BlockScaling(_E4M3, block=(1, 128), pow2=pow2)
+    weight = _schemes.BlockScaling(_E4M3, block=(128, 128), pow2=pow2)
+    return Recipe(
+        name="float8_blockwise_ue8m0" if pow2 else "float8_blockwise",
+        forward=GemmSpec(act, weight),
+        dgrad=GemmSpec(act, weight),
+        wgrad=GemmSpec(act, act),
+    )
+
+
 _RECIPES = {
     "float8_tensorwise": _float8_tensorwise,
     "float8_rowwise": _float8_rowwise,
     "float8_rowwise_gw_hp": _float8_rowwise_gw_hp,
     "mxfp8": _mxfp8,
     "mxfp8_gw_hp": _mxfp8_gw_hp,
+    "float8_blockwise": lambda: _float8_blockwise(pow2=False),
+    "float8_blockwise_ue8m0": lambda: _float8_blockwise(pow2=True),
 }
 _TORCHAO_RECIPE_NAMES = {
     "tensorwise": "float8_tensorwise",

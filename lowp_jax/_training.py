@@ -19,9 +19,9 @@ Residuals: the forward keeps the high-precision x and w, and the backward re-qua
 each along its own reduction axis (spec §8: never from another orientation's codes),
 writing the transposed operand's codes directly where a kernel can
 (`quantize_transposed`). Where the plan reuses codes (`LinearPlan.keeps_codes`: the
-backward reads the tensor tensorwise with its forward scheme) the forward keeps its
-codes instead, one byte an element, and the backward transposes them: a tensorwise
-scale does not care about orientation. The incoming gradient's codes are shared
+backward reads the tensor with its forward scheme, tensorwise or square 128x128
+blocks) the forward keeps its codes instead, one byte an element, and the backward
+transposes them and their scales: such groups do not care about orientation. The incoming gradient's codes are shared
 between dgrad and wgrad the same way.
 
 Fast accumulation: XLA picks a GEMM's accumulation from the dot's precision config.
@@ -241,12 +241,12 @@ def _transposed(kept, operand) -> _qarray.QArray:
     says: reused codes transposed, or the high-precision tensor's transpose quantized
     (`quantize_transposed`: on an sm_90 GPU a rowwise scheme's kernel writes the codes
     transposed, with no transposed copy of the high-precision tensor)."""
-    if isinstance(kept, _qarray.QArray):
+    if isinstance(kept, _qarray.QArray):  # tensorwise (scale ()) or square block tiles
         return _qarray.QArray(
             codes=kept.codes.T,
-            scale=kept.scale,
+            scale=kept.scale.T,
             global_scale=None,
-            scheme=kept.scheme,
+            scheme=operand.scheme,
             shape=kept.shape[::-1],
             hp_dtype=kept.hp_dtype,
         )

@@ -13,8 +13,8 @@ operand's last axis, the reduction axis:
 This module executes it. A transposed operand is quantized where its tensor lies,
 along the first axis (`OperandPlan.along_first_axis`), and viewed transposed
 (`_transposed`): the same groups, so the bytes of quantizing the transposed copy. Where
-the plan reuses codes (`OperandPlan.reuses_codes`: tensorwise, the very scheme the
-tensor was quantized with before), the operand is those codes, transposed, and the
+the plan reuses codes (`OperandPlan.reuses_codes`: the very scheme the tensor was
+quantized with before, tensorwise or square 128x128 blocks), the operand is those codes, transposed, and the
 earlier GEMM keeps them for the later one instead of the high-precision tensor.
 
 Where the Triton casts quantize (eager CUDA, `_cast_kernels.use_triton`), a tensor
@@ -186,7 +186,7 @@ def _quantize_and_keep(t, operand, later, later_runs: bool, name: str):
     be quantized then. `later`: None where that GEMM runs in high precision.
 
     Codes are made now, the bytes `_transposed(t, later)` would make, where
-    - the plan reuses t's codes (`OperandPlan.reuses_codes`, tensorwise): t's codes;
+    - the plan reuses t's codes (`OperandPlan.reuses_codes`): t's codes;
     - `quantize_both` makes both from one read of t (`_one_read`) and the later GEMM
       will run: its codes along t's first axis, kept in fp8 instead of t.
     """

@@ -431,6 +431,7 @@ class _Model(nnx.Module):
         ("float8_tensorwise", "float8_tensorwise"),
         ("float8_rowwise", "float8_rowwise"),
         ("mxfp8", "mxfp8"),
+        ("float8_blockwise", "float8_block"),
     ],
 )
 def test_to_inference(recipe, preset):

@@ -346,9 +346,18 @@ def test_convert_to_training_takes_the_small_shape_policy():
         lowp_torch.convert_to_training(_tiny_model(), recipe, small_shapes="never")
 
 
-@pytest.mark.parametrize("preset", ["float8_rowwise", "mxfp8", "nvfp4"])
-def test_to_inference_quantizes_the_trained_weights_as_a_fresh_quantize_does(preset):
-    model, optimizer = _converted("mxfp8")
+@pytest.mark.parametrize(
+    "recipe, preset",
+    [
+        ("mxfp8", "float8_rowwise"),
+        ("mxfp8", "mxfp8"),
+        ("mxfp8", "nvfp4"),
+        ("float8_blockwise", "float8_block"),
+        ("float8_blockwise_ue8m0", "float8_block"),
+    ],
+)
+def test_to_inference_quantizes_the_trained_weights_as_a_fresh_quantize_does(recipe, preset):
+    model, optimizer = _converted(recipe)
     _train(model, optimizer, range(2))
     float_model = _tiny_model()
     float_model.load_state_dict(model.state_dict())
@@ -719,12 +728,53 @@ def test_cuda_training_sqnr_and_kernels(recipe, compiled, caplog):
     if (
         not compiled
         and recipe.startswith("float8")
+        and "blockwise" not in recipe  # K = 128: one block scale a row, see below
         and torch.cuda.get_device_capability() >= (8, 9)
     ):
         spec = lowp.Recipe.from_name(recipe)
         for gemm in ("forward", "dgrad", "wgrad"):
             if not getattr(spec, gemm).high_precision:
                 assert f"linear {gemm}: kernel='scaled_mm'" in caplog.text, caplog.text
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+    reason="needs an sm_90 GPU: torch._scaled_mm's 1x128/128x128 block-scaled forms",
+)
+@pytest.mark.parametrize("recipe", ["float8_blockwise", "float8_blockwise_ue8m0"])
+def test_blockwise_gemms_run_on_scaled_mm_on_sm90(recipe, caplog):
+    """All three GEMMs of the blockwise recipes take cuBLAS's block-scaled GEMM where
+    the block-scale counts suit it (M and each ceil(dim/128) multiples of 4), and give
+    the emulation's SQNR; the operands are the CPU's bytes (training_operands)."""
+    k = n = 512
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, k, generator=gen).to(torch.bfloat16).cuda()
+    w = (torch.randn(n, k, generator=gen) * 0.05).to(torch.bfloat16).cuda()
+    g = torch.randn(1024, n, generator=gen).to(torch.bfloat16).cuda()
+    layer = lowp_torch.Linear(k, n, bias=False, recipe=recipe, dtype=torch.bfloat16)
+    layer = layer.cuda()
+    with torch.no_grad():
+        layer.weight.copy_(w)
+    with caplog.at_level(logging.DEBUG, logger="lowp_torch"):
+        xg = x.clone().requires_grad_()
+        y = layer(xg)
+        y.backward(g)
+    for gemm in ("forward", "dgrad", "wgrad"):
+        assert f"linear {gemm}: kernel='scaled_mm'" in caplog.text, caplog.text
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    yr = F.linear(xd, wd)
+    yr.backward(g.double())
+    thresholds = MIN_SQNR["float8"]
+    assert sqnr_db(y, yr) >= thresholds["forward"]
+    assert sqnr_db(xg.grad, xd.grad) >= thresholds["dgrad"]
+    assert sqnr_db(layer.weight.grad, wd.grad) >= thresholds["wgrad"]
+    on_gpu = lowp_torch.training_operands(x, w, g, recipe)
+    on_cpu = lowp_torch.training_operands(x.cpu(), w.cpu(), g.cpu(), recipe)
+    for gemm in ("forward", "dgrad", "wgrad"):
+        for q_gpu, q_cpu in zip(on_gpu[gemm], on_cpu[gemm], strict=True):
+            got, want = lowp_torch.to_lowp(q_gpu), lowp_torch.to_lowp(q_cpu)
+            assert np.array_equal(got.codes, want.codes), gemm
+            assert got.scale.tobytes() == want.scale.tobytes(), gemm
 
 
 if __name__ == "__main__":
