@@ -18,6 +18,7 @@ from lowp._schemes import (
     GroupScaling,
     MXScaling,
     NVFP4Scaling,
+    NVFP4TileScaling,
     Scheme,
     TensorScaling,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "InferenceConfig",
     "MXScaling",
     "NVFP4Scaling",
+    "NVFP4TileScaling",
     "QTensor",
     "Recipe",
     "Scheme",

@@ -56,6 +56,12 @@ How a recipe runs a linear layer (spec §8)
                                  one (`keeps_codes`), and `check(m, k, n)`, the shape
                                  check naming the GEMM, operand and dim.
   DIM_NAMES                      what "M", "K", "N" are in a layer's terms.
+  data_offset(bits)              the stochastic-rounding offset of an operand: its
+                                 float32 bit patterns summed mod 2**32.
+  hadamard_transform(x, s, stack=, ftz=)
+                                 the random Hadamard transform in its fixed float32
+                                 order, run with the backend's array ops; the signs
+                                 from `OperandPlan.signs`.
 
 The small-shape policy of the training layers (spec §8)
   MIN_MACS, call_pays, layer_may_pay, describe_small_shape
@@ -65,8 +71,9 @@ from lowp._formats import FLOAT4_E2M1FN, FLOAT8_E4M3FN, element_format
 from lowp._groups import broadcast as group_broadcast
 from lowp._groups import expand as expand_groups
 from lowp._groups import reduction as group_reduction
+from lowp._hadamard import transform as hadamard_transform
 from lowp._layouts import cublas_blocked_shape
-from lowp._linear_plan import DIM_NAMES, GemmPlan, LinearPlan, OperandPlan
+from lowp._linear_plan import DIM_NAMES, GemmPlan, LinearPlan, OperandPlan, data_offset
 from lowp._qtensor import (
     HP_DTYPES,
     StoredLayout,
@@ -107,12 +114,14 @@ __all__ = [
     "check_scheme",
     "codes_shape",
     "cublas_blocked_shape",
+    "data_offset",
     "describe_small_shape",
     "element_format",
     "expand_groups",
     "from_spec",
     "group_broadcast",
     "group_reduction",
+    "hadamard_transform",
     "layer_may_pay",
     "normalize_axis",
     "poisoned_groups",

@@ -30,6 +30,7 @@ REUSE = {
     "mxfp8_gw_hp": (set(), {"w"}),  # no wgrad GEMM: x and g are kept in high precision
     "float8_blockwise": ({"w"}, {"x", "g"}),  # 128x128 tiles: w's codes, transposed, are w.T's
     "float8_blockwise_ue8m0": ({"w"}, {"x", "g"}),
+    "nvfp4": (set(), set()),  # packed fp4, stochastic rounding, Hadamard: each its own codes
 }
 
 
@@ -165,6 +166,7 @@ def test_block_scaled_recipes_and_a_plan_is_a_static_value():
         True,
         False,
         False,
+        True,
     ]
     mixed = dataclasses.replace(
         lowp.Recipe.from_name("float8_rowwise"), dgrad=lowp.GemmSpec(ROWWISE, MX)

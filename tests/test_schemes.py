@@ -114,11 +114,12 @@ def test_recipe_names_and_errors():
         "mxfp8_gw_hp",
         "float8_blockwise",
         "float8_blockwise_ue8m0",
+        "nvfp4",
     )
     with pytest.raises(ValueError, match="torchao's name for 'float8_rowwise_gw_hp'"):
         lowp.Recipe.from_name("rowwise_with_gw_hp")
-    with pytest.raises(ValueError, match="'nvfp4'"):
-        lowp.Recipe.from_name("nvfp4")
+    with pytest.raises(ValueError, match="'nvfp8'"):
+        lowp.Recipe.from_name("nvfp8")
     with pytest.raises(ValueError, match="both operands or neither"):
         lowp.GemmSpec(lowp.TensorScaling(), None)
     with pytest.raises(ValueError, match="axis must be -1"):

@@ -39,11 +39,17 @@ from lowp_torch import _cast_kernels, _gemm, _log, _training
 RECIPES = lowp.Recipe.names()
 K, N = 128, 96
 INPUT_SHAPES = {"rank2": (64, K), "rank3": (3, 32, K)}
-# torchao's training thresholds (float8: test/float8/test_base.py; mx: test/prototype/mx_formats).
+# torchao's training thresholds (float8: test/float8/test_base.py; mx: test/prototype/mx_formats;
+# fp4: test_mx_linear.py's floors for fp4 elements, output 8, input grad 8, weight grad 10).
 MIN_SQNR = {
     "float8": {"forward": 18.0, "dgrad": 18.0, "wgrad": 17.0},
     "mxfp8": {"forward": 27.0, "dgrad": 25.0, "wgrad": 24.0},
+    "nvfp4": {"forward": 8.0, "dgrad": 8.0, "wgrad": 10.0},
 }
+
+
+def _floors(recipe: str) -> dict:
+    return MIN_SQNR[recipe.split("_")[0]]
 
 
 def _tensors(shape, dtype=torch.float32, seed=0):
@@ -112,16 +118,18 @@ def test_every_gemm_operand_is_lowp_quantize_of_its_orientation(recipe, case):
         "wgrad": (g2.t(), x2.t()),
     }
     operands = lowp_torch.training_operands(x, w, g, recipe)
-    spec_of = lowp.Recipe.from_name(recipe)
+    plan = extend.LinearPlan.of(lowp.Recipe.from_name(recipe))
     for gemm, hp_pair in orientations.items():
-        spec = getattr(spec_of, gemm)
-        if spec.high_precision:
+        gemm_plan = getattr(plan, gemm)
+        if gemm_plan is None:
             assert operands[gemm] is None
             continue
-        for q, hp, scheme in zip(operands[gemm], hp_pair, (spec.a, spec.b), strict=True):
-            got, want = lowp_torch.to_lowp(q), lowp.quantize(_numpy(hp), scheme)
+        for q, hp, op in zip(operands[gemm], hp_pair, (gemm_plan.a, gemm_plan.b), strict=True):
+            # lowp.quantize of the orientation (after the recipe's Hadamard transform,
+            # with its stochastic rounding, where it has them)
+            got, want = lowp_torch.to_lowp(q), op.quantize_reference(_numpy(hp))
             where = f"{recipe} {gemm}"
-            assert got.scheme == want.scheme == scheme and got.shape == want.shape, where
+            assert got.scheme == want.scheme == op.scheme and got.shape == want.shape, where
             assert np.array_equal(got.codes, want.codes), where
             assert got.scale.tobytes() == want.scale.tobytes(), where
 
@@ -161,7 +169,7 @@ def test_per_gemm_sqnr_meets_torchao_thresholds(recipe, rank):
     y, dx, dw, db = _layer_grads(_training_layer(recipe, w, b), x, g)
     ref = _reference_grads(x, w, b, g)
     assert y.dtype == dx.dtype == dw.dtype == torch.float32 and y.shape == ref[0].shape
-    thresholds = MIN_SQNR["mxfp8" if recipe.startswith("mxfp8") else "float8"]
+    thresholds = _floors(recipe)
     measured = {
         "forward": sqnr_db(y.double() - b.double(), ref[0] - b.double()),  # the GEMM alone
         "dgrad": sqnr_db(dx, ref[1]),
@@ -720,7 +728,7 @@ def test_cuda_training_sqnr_and_kernels(recipe, compiled, caplog):
     with caplog.at_level(logging.DEBUG, logger="lowp_torch"):
         y, dx, dw, _ = _layer_grads(torch.compile(layer) if compiled else layer, x, g)
     ref = _reference_grads(x, w, b, g)
-    thresholds = MIN_SQNR["mxfp8" if recipe.startswith("mxfp8") else "float8"]
+    thresholds = _floors(recipe)
     assert y.dtype == dx.dtype == dw.dtype == torch.bfloat16
     assert sqnr_db(y.double() - b.double(), ref[0] - b.double()) >= thresholds["forward"]
     assert sqnr_db(dx, ref[1]) >= thresholds["dgrad"]
