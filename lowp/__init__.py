@@ -43,6 +43,7 @@ from lowp._schemes import (
     GroupScaling,
     MXScaling,
     NVFP4Scaling,
+    NVFP4TileScaling,
     Scheme,
     TensorScaling,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "InferenceConfig",
     "MXScaling",
     "NVFP4Scaling",
+    "NVFP4TileScaling",
     "QTensor",
     "Recipe",
     "Scheme",

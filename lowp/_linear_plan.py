@@ -14,9 +14,9 @@ Each tensor is read twice: as it lies by one GEMM, transposed by a later one (x 
 forward, then the wgrad; w by the forward, then the dgrad; g by the dgrad, then the
 wgrad). The transposed operand is quantized from the high-precision tensor, never from
 the other orientation's codes, except under tensorwise scaling with the very scheme the
-tensor was quantized with before: one scale does not care about orientation and codes
-are elementwise, so those codes, transposed, are the bytes quantizing the transpose
-gives (`OperandPlan.reuses_codes`). Then the earlier GEMM keeps its codes for the later
+tensor was quantized with before (and likewise square blocks, 128x128 weight tiles):
+one scale does not care about orientation and codes are elementwise, so those codes,
+transposed, are the bytes quantizing the transpose gives (`OperandPlan.reuses_codes`). Then the earlier GEMM keeps its codes for the later
 one instead of the high-precision tensor (`LinearPlan.keeps_codes`).
 
 How a frontend quantizes a transposed operand is its own business, as long as the bytes
@@ -34,8 +34,11 @@ transposed.
 """
 
 import dataclasses
+import zlib
 
-from lowp import _schemes
+import numpy as np
+
+from lowp import _hadamard, _schemes
 from lowp._recipes import GemmSpec, Recipe
 
 DIM_NAMES = {"M": "tokens", "K": "in_features", "N": "out_features"}
@@ -67,12 +70,60 @@ class OperandPlan:
       scheme: the recipe's scheme, along the operand's last axis as the GEMM reads it.
       earlier: for a transposed operand, the scheme an earlier GEMM quantized the same
         tensor with, as it lies; None where no earlier GEMM quantizes it.
+      rounding: "nearest" or "stochastic", the recipe's for this operand.
+      hadamard: whether the operand is multiplied by the random Hadamard transform
+        along its last axis before it is quantized (`transformed`).
+      recipe_seed: the recipe's seed; role: "forward.a", ..., "wgrad.b", this operand's
+        place, which its stochastic-rounding seed is made of (`rounding_seed`).
     """
 
     tensor: str
     transposed: bool
     scheme: _schemes.Scheme
     earlier: _schemes.Scheme | None = None
+    rounding: str = "nearest"
+    hadamard: bool = False
+    recipe_seed: int = 0
+    role: str = ""
+
+    @property
+    def plain(self) -> bool:
+        """Whether the operand is `quantize(t, scheme)` of its orientation of the tensor
+        and nothing more: nearest rounding, no transform. Only then may a frontend take
+        its shortcuts (codes along the first axis, codes reused or made from one read)."""
+        return self.rounding == "nearest" and not self.hadamard
+
+    @property
+    def rounding_seed(self) -> int:
+        """The seed of the operand's stochastic-rounding bits (spec §8):
+        `(recipe seed + crc32(role)) mod 2**32`; the offset is the operand's data
+        (`data_offset`)."""
+        return (self.recipe_seed + zlib.crc32(self.role.encode())) & 0xFFFFFFFF
+
+    def signs(self, length: int) -> np.ndarray:
+        """The Hadamard transform's sign vector for a reduction of `length` (spec §8):
+        the same for both operands of the GEMM, so that the product is unchanged."""
+        return _hadamard.signs(self.recipe_seed, "", (length,))
+
+    def quantize_reference(self, t: np.ndarray):
+        """The NumPy reference of this operand: `t` (the tensor as the GEMM reads it)
+        transformed where `hadamard`, then `lowp.quantize`d with the operand's rounding."""
+        from lowp import _bits, _quantize
+
+        if self.hadamard:
+            t = _hadamard.transform_numpy(
+                _bits.ftz(np.asarray(t, np.float32)), self.signs(t.shape[-1])
+            )
+        if self.rounding == "nearest":
+            return _quantize.quantize(np.ascontiguousarray(t), self.scheme)
+        offset = data_offset(_bits.bits(_bits.ftz(np.asarray(t, np.float32))))
+        return _quantize.quantize(
+            np.ascontiguousarray(t),
+            self.scheme,
+            rounding="stochastic",
+            seed=self.rounding_seed,
+            offset=offset,
+        )
 
     @property
     def name(self) -> str:
@@ -88,16 +139,24 @@ class OperandPlan:
     @property
     def reuses_codes(self) -> bool:
         """Whether the operand is the earlier codes of its tensor, transposed, instead of a
-        quantization of its own: only under tensorwise scaling with the very same scheme,
-        whose one scale and elementwise codes do not care about orientation."""
-        return isinstance(self.scheme, _schemes.TensorScaling) and self.scheme == self.earlier
+        quantization of its own: only where it takes the very scheme the tensor was
+        quantized with and that scheme groups t.T as it groups t (`Scaling.permuted`
+        gives it back): tensorwise scaling, whose one scale does not care about
+        orientation, and square blocks (blockwise float8's 128x128 weight tiles), whose
+        tile (i, j) of t is tile (j, i) of t.T. Codes are elementwise, so those codes,
+        transposed, are the bytes quantizing the transpose gives."""
+        return (
+            self.plain
+            and self.scheme == self.earlier
+            and self.scheme.permuted((1, 0)) == self.scheme
+        )
 
     @property
     def along_first_axis(self) -> _schemes.Scheme | None:
         """For a transposed operand, the scheme that quantizes its tensor where it lies,
         along the first axis (`along_first_axis`); None for packed fp4 or an operand read
         as it lies."""
-        return along_first_axis(self.scheme) if self.transposed else None
+        return along_first_axis(self.scheme) if self.transposed and self.plain else None
 
     @property
     def shares_scheme(self) -> bool:
@@ -106,10 +165,19 @@ class OperandPlan:
         frontend may then quantize the tensor both ways from one read, and keep the codes
         along its first axis for this GEMM instead of the tensor."""
         return (
-            self.scheme == self.earlier
+            self.plain
+            and self.scheme == self.earlier
             and not self.reuses_codes
             and self.along_first_axis is not None
         )
+
+
+def data_offset(bits: np.ndarray) -> int:
+    """The offset of an operand's stochastic-rounding bits (spec §8): the sum of its
+    float32 bit patterns (flushed, as quantized) mod 2**32, an integer sum, so every
+    backend gets it in any order. It changes with the data, so each step draws other bits
+    with no state to carry, and replicas given the same data draw the same."""
+    return int(np.sum(bits, dtype=np.uint64) & np.uint64(0xFFFFFFFF))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,8 +231,23 @@ class LinearPlan:
                 gemms[name] = None
                 continue
             a, b = (
-                OperandPlan(tensor, transposed, scheme, earlier.get(tensor) if transposed else None)
-                for (tensor, transposed), scheme in zip(operands, (spec.a, spec.b), strict=True)
+                OperandPlan(
+                    tensor,
+                    transposed,
+                    scheme,
+                    earlier.get(tensor) if transposed else None,
+                    rounding,
+                    spec.hadamard,
+                    recipe.seed,
+                    f"{name}.{side}",
+                )
+                for (tensor, transposed), scheme, rounding, side in zip(
+                    operands,
+                    (spec.a, spec.b),
+                    (spec.a_rounding, spec.b_rounding),
+                    "ab",
+                    strict=True,
+                )
             )
             for operand in (a, b):
                 if not operand.transposed:

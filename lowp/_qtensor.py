@@ -195,8 +195,10 @@ def stored_scale_shape(
 
 def blocked_matrix_shape(scheme: _schemes.Scheme, shape: tuple[int, ...]) -> tuple[int, int]:
     """The scales of an MX/NVFP4 tensor blocked along its last axis, seen as a matrix."""
-    if scheme.family not in ("mx", "nvfp4"):
-        raise ValueError(f"the cublas_blocked layout is for MX and NVFP4 scales, not {scheme}")
+    if scheme.family not in ("mx", "nvfp4") or not hasattr(scheme, "axis"):
+        raise ValueError(
+            f"the cublas_blocked layout is for MX and NVFP4 scales along one axis, not {scheme}"
+        )
     # MX and NVFP4 schemes block one axis: `axis` and an int `block`.
     blocked = typing.cast(_schemes.MXScaling | _schemes.NVFP4Scaling, scheme)
     if _schemes.normalize_axis(blocked.axis, len(shape), scheme) != len(shape) - 1:

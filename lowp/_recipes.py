@@ -19,7 +19,7 @@ which orientation, and which codes it reuses is `lowp.extend.LinearPlan`'s answe
 
 import dataclasses
 
-from lowp import _schemes
+from lowp import _rounding, _schemes
 
 _E4M3 = "float8_e4m3fn"
 _E5M2 = "float8_e5m2"
@@ -33,11 +33,20 @@ class GemmSpec:
       a, b: the scheme each operand is quantized with (reduction axis last), or both
         None: this GEMM runs in high precision.
       fast_accum: allow the GEMM's fast (reduced-precision) fp8 accumulation.
+      a_rounding, b_rounding: "nearest" or "stochastic" (spec §4) for each operand's
+        elements; stochastic bits come from the recipe's seed and the operand's data
+        (spec §8, "NVFP4 training").
+      hadamard: multiply both operands along the reduction axis by the random Hadamard
+        transform (`lowp._hadamard`, 16-element blocks) before quantizing them: the
+        product is unchanged (the transform is orthonormal), outliers are spread.
     """
 
     a: _schemes.Scheme | None
     b: _schemes.Scheme | None
     fast_accum: bool = False
+    a_rounding: str = "nearest"
+    b_rounding: str = "nearest"
+    hadamard: bool = False
 
     def __post_init__(self):
         if (self.a is None) != (self.b is None):
@@ -56,6 +65,18 @@ class GemmSpec:
             raise TypeError(f"GemmSpec.fast_accum must be a bool, got {self.fast_accum!r}")
         if self.a is None and self.fast_accum:
             raise ValueError("GemmSpec: fast_accum applies to quantized GEMMs only")
+        for field in ("a_rounding", "b_rounding"):
+            rounding = getattr(self, field)
+            if rounding not in _rounding.ROUNDINGS:
+                raise ValueError(
+                    f"GemmSpec.{field} must be one of {_rounding.ROUNDINGS}, got {rounding!r}"
+                )
+            if self.a is None and rounding != "nearest":
+                raise ValueError(f"GemmSpec: {field} applies to quantized GEMMs only")
+        if not isinstance(self.hadamard, bool):
+            raise TypeError(f"GemmSpec.hadamard must be a bool, got {self.hadamard!r}")
+        if self.a is None and self.hadamard:
+            raise ValueError("GemmSpec: hadamard applies to quantized GEMMs only")
 
     @property
     def high_precision(self) -> bool:
@@ -72,6 +93,7 @@ class Recipe:
       forward, dgrad, wgrad: the GemmSpec of y = x w^T, dx = g w, dw = g^T x.
       fp32_weight_grad_accumulation: accumulate weight gradients in float32 across
         micro-batches (the frontends keep the float32 buffer).
+      seed: of the Hadamard transform's signs and of stochastic rounding's bits (spec §8).
 
     >>> Recipe.from_name("float8_rowwise").dgrad.a
     AxisScaling(fmt='float8_e4m3fn', axis=-1, pow2=True)
@@ -82,6 +104,7 @@ class Recipe:
     dgrad: GemmSpec
     wgrad: GemmSpec
     fp32_weight_grad_accumulation: bool = False
+    seed: int = 0
 
     def __post_init__(self):
         for field in ("forward", "dgrad", "wgrad"):
@@ -91,6 +114,8 @@ class Recipe:
             raise ValueError(f"Recipe {self.name!r}: the forward GEMM must be quantized")
         if not isinstance(self.fp32_weight_grad_accumulation, bool):
             raise TypeError("Recipe.fp32_weight_grad_accumulation must be a bool")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise TypeError(f"Recipe.seed must be an int, got {self.seed!r}")
 
     @property
     def block_scaled(self) -> bool:
@@ -170,12 +195,44 @@ def _mxfp8_gw_hp() -> Recipe:
     )
 
 
+def _float8_blockwise(pow2: bool) -> Recipe:
+    # DeepSeek-V3: activations and gradients per 1x128 along the GEMM's reduction axis,
+    # weights per 128x128 block, e4m3 everywhere. A transposed operand's 1x128 runs
+    # along its tensor's first axis (the plan's `along_first_axis`: 128x1 tiles there).
+    act = _schemes.BlockScaling(_E4M3, block=(1, 128), pow2=pow2)
+    weight = _schemes.BlockScaling(_E4M3, block=(128, 128), pow2=pow2)
+    return Recipe(
+        name="float8_blockwise_ue8m0" if pow2 else "float8_blockwise",
+        forward=GemmSpec(act, weight),
+        dgrad=GemmSpec(act, weight),
+        wgrad=GemmSpec(act, act),
+    )
+
+
+def _nvfp4() -> Recipe:
+    # Transformer Engine's NVFP4BlockScaling: 1x16 e4m3 block scales and a float32
+    # global scale for activations and gradients, 16x16 tiles for weights (w and w.T
+    # hold the same values), stochastic rounding of the gradient, and the random
+    # Hadamard transform on both wgrad operands (along the tokens M).
+    act = _schemes.NVFP4Scaling(block=16, global_scale=True)
+    weight = _schemes.NVFP4TileScaling(tile=(16, 16), global_scale=True)
+    return Recipe(
+        name="nvfp4",
+        forward=GemmSpec(act, weight),
+        dgrad=GemmSpec(act, weight, a_rounding="stochastic"),
+        wgrad=GemmSpec(act, act, a_rounding="stochastic", hadamard=True),
+    )
+
+
 _RECIPES = {
     "float8_tensorwise": _float8_tensorwise,
     "float8_rowwise": _float8_rowwise,
     "float8_rowwise_gw_hp": _float8_rowwise_gw_hp,
     "mxfp8": _mxfp8,
     "mxfp8_gw_hp": _mxfp8_gw_hp,
+    "float8_blockwise": lambda: _float8_blockwise(pow2=False),
+    "float8_blockwise_ue8m0": lambda: _float8_blockwise(pow2=True),
+    "nvfp4": _nvfp4,
 }
 _TORCHAO_RECIPE_NAMES = {
     "tensorwise": "float8_tensorwise",

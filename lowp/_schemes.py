@@ -461,6 +461,68 @@ class NVFP4Scaling(_BlocksAlongAxis):
 
 
 @dataclasses.dataclass(frozen=True)
+class NVFP4TileScaling(Scaling):
+    """NVFP4 with 2-D block scales (spec §3.3): e2m1 elements, one e4m3 scale per
+    `tile[0] x tile[1]` tile of the last two dims, and with `global_scale` one float32
+    decode scale for the whole tensor. Transformer Engine's NVFP4 training quantizes
+    weights so (16x16), so that w and w.T share their codes' values: tile (i, j) of w is
+    tile (j, i) of w.T. Scale shape `(..., R/t0, C/t1)`; the tiles must divide both dims
+    (NVFP4 never pads) and codes pack two a byte along the last axis.
+
+    Attributes:
+      tile: the tile over the last two dims ((16, 16) for NVFP4 training).
+      global_scale: keep a per-tensor float32 scale so block scales use e4m3's range.
+    """
+
+    tile: tuple[int, int] = (16, 16)
+    global_scale: bool = True
+
+    fmt = "float4_e2m1fn"  # not a field: NVFP4 elements are always e2m1
+    kind = "nvfp4_tile"
+    family = "nvfp4"
+    scale_format = "float8_e4m3fn"
+
+    def __post_init__(self):
+        if not isinstance(self.tile, (tuple, list)) or len(self.tile) != 2:
+            raise ValueError(f"NVFP4TileScaling.tile must be a pair of ints, got {self.tile!r}")
+        for t in self.tile:
+            _check_positive_int("NVFP4TileScaling", "tile", t)
+        object.__setattr__(self, "tile", tuple(self.tile))
+        _check_bool("NVFP4TileScaling", "global_scale", self.global_scale)
+
+    def check_shape(self, shape: tuple[int, ...]) -> None:
+        _check_rank(shape, 2, self)
+        for dim, t in zip(shape[-2:], self.tile, strict=True):
+            if dim % t:
+                raise ValueError(
+                    f"tile {self.tile} does not divide the last two dims of shape {shape} "
+                    f"({self}); lowp never pads silently"
+                )
+        _check_fp4_packing(shape, self.fmt, self)
+
+    def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        rows, cols = shape[-2:]
+        return shape[:-2] + (rows // self.tile[0], cols // self.tile[1])
+
+    def tiles(self, rank: int) -> tuple[int | None, ...]:
+        return (1,) * (rank - 2) + self.tile
+
+    def permuted(self, dims) -> "NVFP4TileScaling | None":
+        """Itself where the last two dims stay; None otherwise (packed codes would leave
+        the last axis: quantize a transposed copy, whose tiles hold the same values)."""
+        rank = len(dims)
+        return self if list(dims[-2:]) == [rank - 2, rank - 1] else None
+
+    def reshaped(self, old: tuple, new: tuple) -> "NVFP4TileScaling | None":
+        if len(old) < 2 or len(new) < 2 or new[-1] != old[-1]:
+            return None
+        return self if new[-2] == old[-2] or new[-2] % self.tile[0] == 0 else None
+
+    def selected(self, dim: int, rank: int) -> "NVFP4TileScaling | None":
+        return self if dim % rank < rank - 2 else None
+
+
+@dataclasses.dataclass(frozen=True)
 class GroupScaling(_BlocksAlongAxis):
     """One float32 scale per `block` consecutive elements along `axis` (spec §3.1):
     float scales on MX's groups (torchao's per-group, Qwix's sub-channel scaling). Scale
@@ -489,8 +551,24 @@ class GroupScaling(_BlocksAlongAxis):
         _check_bool("GroupScaling", "pow2", self.pow2)
 
 
-Scheme = TensorScaling | AxisScaling | BlockScaling | MXScaling | NVFP4Scaling | GroupScaling
-SCHEME_TYPES = (TensorScaling, AxisScaling, BlockScaling, MXScaling, NVFP4Scaling, GroupScaling)
+Scheme = (
+    TensorScaling
+    | AxisScaling
+    | BlockScaling
+    | MXScaling
+    | NVFP4Scaling
+    | GroupScaling
+    | NVFP4TileScaling
+)
+SCHEME_TYPES = (
+    TensorScaling,
+    AxisScaling,
+    BlockScaling,
+    MXScaling,
+    NVFP4Scaling,
+    GroupScaling,
+    NVFP4TileScaling,
+)
 # The schemes with an `axis` field (the others group whole tensors or the last two dims).
 AXIS_SCHEME_TYPES = (AxisScaling, MXScaling, NVFP4Scaling, GroupScaling)
 
@@ -551,7 +629,7 @@ def from_spec(spec: str) -> Scheme:
             )
         if text in ("true", "false"):
             kwargs[key] = text == "true"
-        elif key == "block" and "x" in text:
+        elif key in ("block", "tile") and "x" in text:
             kwargs[key] = tuple(int(n) for n in text.split("x"))
         elif text.lstrip("-").isdigit():
             kwargs[key] = int(text)

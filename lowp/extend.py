@@ -59,6 +59,12 @@ How a recipe runs a linear layer (spec §8)
                                  one (`keeps_codes`), and `check(m, k, n)`, the shape
                                  check naming the GEMM, operand and dim.
   DIM_NAMES                      what "M", "K", "N" are in a layer's terms.
+  data_offset(bits)              the stochastic-rounding offset of an operand: its
+                                 float32 bit patterns summed mod 2**32.
+  hadamard_transform(x, s, stack=, ftz=)
+                                 the random Hadamard transform in its fixed float32
+                                 order, run with the backend's array ops; the signs
+                                 from `OperandPlan.signs`.
 
 Other tools' checkpoints (docs/checkpoints.md)
   producer_plan(q, out_dtype)    a loaded QTensor's producer dequantization as
@@ -104,8 +110,9 @@ from lowp._grouped import (
 from lowp._groups import broadcast as group_broadcast
 from lowp._groups import expand as expand_groups
 from lowp._groups import reduction as group_reduction
+from lowp._hadamard import transform as hadamard_transform
 from lowp._layouts import cublas_blocked_shape
-from lowp._linear_plan import DIM_NAMES, GemmPlan, LinearPlan, OperandPlan
+from lowp._linear_plan import DIM_NAMES, GemmPlan, LinearPlan, OperandPlan, data_offset
 from lowp._qtensor import (
     HP_DTYPES,
     StoredLayout,
@@ -154,6 +161,7 @@ __all__ = [
     "check_scheme",
     "codes_shape",
     "cublas_blocked_shape",
+    "data_offset",
     "describe_small_shape",
     "element_format",
     "empty_span_problem",
@@ -162,6 +170,7 @@ __all__ = [
     "group_broadcast",
     "group_reduction",
     "group_sizes_from_offs",
+    "hadamard_transform",
     "layer_may_pay",
     "normalize_axis",
     "pair_scheme",

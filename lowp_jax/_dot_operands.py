@@ -102,7 +102,7 @@ def _quantized_axes(q: _qarray.QArray) -> tuple[int, ...] | None:
     s = q.scheme
     if isinstance(s, lowp.TensorScaling):
         return None
-    if isinstance(s, lowp.BlockScaling):
+    if isinstance(s, (lowp.BlockScaling, lowp.NVFP4TileScaling)):  # tiles of the last two
         return (q.ndim - 2, q.ndim - 1)
     return (extend.normalize_axis(s.axis, q.ndim, s),)
 

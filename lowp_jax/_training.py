@@ -19,9 +19,9 @@ Residuals: the forward keeps the high-precision x and w, and the backward re-qua
 each along its own reduction axis (spec §8: never from another orientation's codes),
 writing the transposed operand's codes directly where a kernel can
 (`quantize_transposed`). Where the plan reuses codes (`LinearPlan.keeps_codes`: the
-backward reads the tensor tensorwise with its forward scheme) the forward keeps its
-codes instead, one byte an element, and the backward transposes them: a tensorwise
-scale does not care about orientation. The incoming gradient's codes are shared
+backward reads the tensor with its forward scheme, tensorwise or square 128x128
+blocks) the forward keeps its codes instead, one byte an element, and the backward
+transposes them and their scales: such groups do not care about orientation. The incoming gradient's codes are shared
 between dgrad and wgrad the same way.
 
 Fast accumulation: XLA picks a GEMM's accumulation from the dot's precision config.
@@ -44,7 +44,7 @@ from jax import lax
 
 import lowp
 from lowp import extend
-from lowp_jax import _devices, _dot, _qarray, _quantize, _quantized_dot
+from lowp_jax import _bits, _devices, _dot, _qarray, _quantize, _quantized_dot
 from lowp_jax import _dot_operands as _operands
 
 _A_BT = (((1,), (1,)), ((), ()))  # a @ b.T for rank-2 a, b: contract the last axes
@@ -228,7 +228,7 @@ def _backward_operands(g, x_kept, w_kept, plan) -> tuple:
     """(dgrad, wgrad) operand pairs, each None where that GEMM runs in high precision."""
     dgrad = wgrad = None
     if plan.dgrad is not None:
-        g_q = _quantize.quantize(g, plan.dgrad.a.scheme, name=plan.dgrad.a.name)
+        g_q = _quantize_operand(g, plan.dgrad.a)
         dgrad = (g_q, _transposed(w_kept, plan.dgrad.b))
     if plan.wgrad is not None:
         g_kept = g_q if plan.keeps_codes("g") else g
@@ -241,16 +241,42 @@ def _transposed(kept, operand) -> _qarray.QArray:
     says: reused codes transposed, or the high-precision tensor's transpose quantized
     (`quantize_transposed`: on an sm_90 GPU a rowwise scheme's kernel writes the codes
     transposed, with no transposed copy of the high-precision tensor)."""
-    if isinstance(kept, _qarray.QArray):
+    if isinstance(kept, _qarray.QArray):  # tensorwise (scale ()) or square block tiles
         return _qarray.QArray(
             codes=kept.codes.T,
-            scale=kept.scale,
+            scale=kept.scale.T,
             global_scale=None,
-            scheme=kept.scheme,
+            scheme=operand.scheme,
             shape=kept.shape[::-1],
             hp_dtype=kept.hp_dtype,
         )
+    if not operand.plain:
+        return _quantize_operand(kept.T, operand)
     return _quantize.quantize_transposed(kept, operand.scheme, name=operand.name)
+
+
+def _quantize_operand(t, operand) -> _qarray.QArray:
+    """t (the operand as the GEMM reads it) quantized as `operand` says: `quantize` with
+    its scheme, after the random Hadamard transform where the plan asks for it, with
+    stochastic rounding from the recipe's seed and t's data where it asks for that
+    (spec §8, `OperandPlan.quantize_reference`)."""
+    if operand.hadamard:
+        signs = jnp.asarray(operand.signs(t.shape[-1]))
+        t = extend.hadamard_transform(
+            _bits.ftz(t.astype(jnp.float32)), signs, stack=jnp.stack, ftz=_bits.ftz
+        )
+    if operand.rounding == "nearest":
+        return _quantize.quantize(t, operand.scheme, name=operand.name)
+    # extend.data_offset: uint32 sums wrap mod 2**32, in any order
+    offset = jnp.sum(_bits.bits(_bits.ftz(t.astype(jnp.float32))), dtype=jnp.uint32)
+    return _quantize.quantize(
+        t,
+        operand.scheme,
+        rounding="stochastic",
+        seed=operand.rounding_seed,
+        offset=offset,
+        name=operand.name,
+    )
 
 
 # --- the GEMMs ---------------------------------------------------------------------------

@@ -32,7 +32,8 @@ def random_bits(seed: int, shape, offset: int = 0, *, device=None) -> torch.Tens
     Args:
       seed: any int, taken mod 2**32.
       shape: the shape of the tensor as passed to quantize.
-      offset: added to each index (mod 2**32).
+      offset: added to each index (mod 2**32); an int, or a 0-d int64 tensor holding a
+        value computed on the device (the training recipes' data offsets, spec §8).
       device: where to make the bits (default: the CPU).
 
     Returns:
@@ -41,10 +42,16 @@ def random_bits(seed: int, shape, offset: int = 0, *, device=None) -> torch.Tens
     >>> random_bits(0, (3,)).tolist()
     [0, 1684164658, 3653269916]
     """
+    tensor_offset = (
+        isinstance(offset, torch.Tensor) and offset.dtype == torch.int64 and offset.dim() == 0
+    )
     for field, value in (("seed", seed), ("offset", offset)):
+        if field == "offset" and tensor_offset:
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"random_bits: {field} must be an int, got {value!r}")
-    seed, offset = int(seed), int(offset)
+    seed = int(seed)
+    offset = offset if tensor_offset else int(offset)
     shape = (int(shape),) if isinstance(shape, int) else tuple(int(n) for n in shape)
     count = 1
     for n in shape:

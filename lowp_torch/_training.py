@@ -13,8 +13,8 @@ operand's last axis, the reduction axis:
 This module executes it. A transposed operand is quantized where its tensor lies,
 along the first axis (`OperandPlan.along_first_axis`), and viewed transposed
 (`_transposed`): the same groups, so the bytes of quantizing the transposed copy. Where
-the plan reuses codes (`OperandPlan.reuses_codes`: tensorwise, the very scheme the
-tensor was quantized with before), the operand is those codes, transposed, and the
+the plan reuses codes (`OperandPlan.reuses_codes`: the very scheme the tensor was
+quantized with before, tensorwise or square 128x128 blocks), the operand is those codes, transposed, and the
 earlier GEMM keeps them for the later one instead of the high-precision tensor.
 
 Where the Triton casts quantize (eager CUDA, `_cast_kernels.use_triton`), a tensor
@@ -38,7 +38,16 @@ import torch.nn.functional as F
 
 import lowp
 from lowp import extend
-from lowp_torch import _cast_kernels, _gemm, _log, _qtensor, _quantize, _tensor_ops
+from lowp_torch import (
+    _bits,
+    _cast_kernels,
+    _gemm,
+    _log,
+    _qtensor,
+    _quantize,
+    _rounding,
+    _tensor_ops,
+)
 
 QuantizedTensor = _qtensor.QuantizedTensor
 KERNELS = ("auto", "scaled_mm", "emulated")
@@ -190,7 +199,7 @@ def _quantize_and_keep(t, operand, later, later_runs: bool, name: str):
     be quantized then. `later`: None where that GEMM runs in high precision.
 
     Codes are made now, the bytes `_transposed(t, later)` would make, where
-    - the plan reuses t's codes (`OperandPlan.reuses_codes`, tensorwise): t's codes;
+    - the plan reuses t's codes (`OperandPlan.reuses_codes`): t's codes;
     - `quantize_both` makes both from one read of t (`_one_read`) and the later GEMM
       will run: its codes along t's first axis, kept in fp8 instead of t.
     """
@@ -201,7 +210,27 @@ def _quantize_and_keep(t, operand, later, later_runs: bool, name: str):
         from lowp_torch import _triton_casts  # imports triton: only when it runs
 
         return _triton_casts.quantize_both(t, operand.scheme)
-    return _quantize.quantize(t, operand.scheme, name=name), t
+    return _quantize_operand(t, operand, name), t
+
+
+def _quantize_operand(t, operand, name: str) -> QuantizedTensor:
+    """t (the operand as the GEMM reads it) quantized as `operand` says: `quantize` with
+    its scheme, after the random Hadamard transform where the plan asks for it, with
+    stochastic rounding from the recipe's seed and t's data where it asks for that
+    (spec §8, `OperandPlan.quantize_reference`)."""
+    if operand.plain:
+        return _quantize.quantize(t, operand.scheme, name=name)
+    if operand.hadamard:
+        signs = torch.from_numpy(operand.signs(t.shape[-1])).to(t.device)
+        t = extend.hadamard_transform(_bits.ftz(t.float()), signs, stack=torch.stack, ftz=_bits.ftz)
+    if operand.rounding == "nearest":
+        return _quantize.quantize(t, operand.scheme, name=name)
+    patterns = _bits.bits(_bits.ftz(t.float())).to(torch.int64) & 0xFFFFFFFF
+    offset = patterns.sum() & 0xFFFFFFFF  # extend.data_offset, on the device
+    random = _rounding.random_bits(operand.rounding_seed, tuple(t.shape), offset, device=t.device)
+    return _quantize.quantize(
+        t, operand.scheme, rounding="stochastic", random_bits=random, name=name
+    )
 
 
 def _one_read(t, later, name: str) -> bool:
@@ -244,7 +273,7 @@ def _transposed(t, operand, name: str) -> QuantizedTensor:
         return _tensor_ops.permute(t, [1, 0], op="transpose")
     along_first = operand.along_first_axis
     if along_first is None:
-        return _quantize.quantize(t.t().contiguous(), operand.scheme, name=name)
+        return _quantize_operand(t.t().contiguous(), operand, name)
     q = _quantize.quantize(t, along_first, name=name)
     return _tensor_ops.permute(q, [1, 0], op="transpose")
 

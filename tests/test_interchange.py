@@ -269,6 +269,7 @@ FILE_SCHEMAS = {
     "MXScaling": {"fmt": str, "block": int, "mode": str, "axis": int},
     "NVFP4Scaling": {"block": int, "global_scale": bool, "axis": int},
     "GroupScaling": {"fmt": str, "block": int, "axis": int, "pow2": bool},
+    "NVFP4TileScaling": {"tile": list, "global_scale": bool},
 }
 
 

@@ -28,6 +28,9 @@ REUSE = {
     "float8_rowwise_gw_hp": (set(), set()),  # dgrad's w.T is tensorwise, forward's w rowwise
     "mxfp8": (set(), {"x", "w", "g"}),
     "mxfp8_gw_hp": (set(), {"w"}),  # no wgrad GEMM: x and g are kept in high precision
+    "float8_blockwise": ({"w"}, {"x", "g"}),  # 128x128 tiles: w's codes, transposed, are w.T's
+    "float8_blockwise_ue8m0": ({"w"}, {"x", "g"}),
+    "nvfp4": (set(), set()),  # packed fp4, stochastic rounding, Hadamard: each its own codes
 }
 
 
@@ -160,6 +163,9 @@ def test_block_scaled_recipes_and_a_plan_is_a_static_value():
         False,
         False,
         True,
+        True,
+        False,
+        False,
         True,
     ]
     mixed = dataclasses.replace(

@@ -87,6 +87,24 @@ def test_recipes_follow_the_spec_table(name, forward, dgrad, wgrad):
     assert recipe.wgrad.high_precision == (wgrad == (None, None))
 
 
+@pytest.mark.parametrize(
+    "name, pow2", [("float8_blockwise", False), ("float8_blockwise_ue8m0", True)]
+)
+def test_blockwise_recipes_are_deepseek_v3s_tiles(name, pow2):
+    """1x128 along each GEMM's reduction axis for x, dy and their transposes, 128x128 for
+    w and w.T, e4m3 everywhere; ue8m0: power-of-two float32 scales. No fast accumulation
+    (DeepSeek-V3 promotes its partial sums to float32 every 128)."""
+    recipe = lowp.Recipe.from_name(name)
+    act = lowp.BlockScaling("float8_e4m3fn", block=(1, 128), pow2=pow2)
+    weight = lowp.BlockScaling("float8_e4m3fn", block=(128, 128), pow2=pow2)
+    assert recipe.name == name
+    assert (recipe.forward.a, recipe.forward.b) == (act, weight)
+    assert (recipe.dgrad.a, recipe.dgrad.b) == (act, weight)
+    assert (recipe.wgrad.a, recipe.wgrad.b) == (act, act)
+    assert not any(s.fast_accum for s in (recipe.forward, recipe.dgrad, recipe.wgrad))
+    assert not recipe.block_scaled  # float8 GEMMs: sm_89+/sm_90, not MX's sm_100
+
+
 def test_recipe_names_and_errors():
     assert lowp.Recipe.names() == (
         "float8_tensorwise",
@@ -94,11 +112,14 @@ def test_recipe_names_and_errors():
         "float8_rowwise_gw_hp",
         "mxfp8",
         "mxfp8_gw_hp",
+        "float8_blockwise",
+        "float8_blockwise_ue8m0",
+        "nvfp4",
     )
     with pytest.raises(ValueError, match="torchao's name for 'float8_rowwise_gw_hp'"):
         lowp.Recipe.from_name("rowwise_with_gw_hp")
-    with pytest.raises(ValueError, match="'nvfp4'"):
-        lowp.Recipe.from_name("nvfp4")
+    with pytest.raises(ValueError, match="'nvfp8'"):
+        lowp.Recipe.from_name("nvfp8")
     with pytest.raises(ValueError, match="both operands or neither"):
         lowp.GemmSpec(lowp.TensorScaling(), None)
     with pytest.raises(ValueError, match="axis must be -1"):

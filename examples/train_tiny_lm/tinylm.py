@@ -36,7 +36,25 @@ import numpy as np
 import lowp
 
 VOCAB = 256  # bytes
-RUNS = ("bf16",) + lowp.Recipe.names()  # the baseline, then every training recipe
+# The ablation of NVFP4 training: the nvfp4 recipe without its random Hadamard transform
+# and stochastic rounding (every operand rounded to nearest, none transformed).
+ABLATIONS = {
+    "nvfp4_no_rht_sr": lambda: dataclasses.replace(
+        lowp.Recipe.from_name("nvfp4"),
+        name="nvfp4_no_rht_sr",
+        dgrad=dataclasses.replace(lowp.Recipe.from_name("nvfp4").dgrad, a_rounding="nearest"),
+        wgrad=dataclasses.replace(
+            lowp.Recipe.from_name("nvfp4").wgrad, a_rounding="nearest", hadamard=False
+        ),
+    ),
+}
+# the baseline, then every training recipe, then the ablations
+RUNS = ("bf16",) + lowp.Recipe.names() + tuple(ABLATIONS)
+
+
+def recipe_of(run: str) -> "lowp.Recipe | str":
+    """What a run trains its block projections with: a recipe name, or an ablation's Recipe."""
+    return ABLATIONS[run]() if run in ABLATIONS else run
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,7 @@ def _dense(in_features: int, out_features: int, run: str, rngs) -> nnx.Linear:
         dtype=BF16,
         # "quantize": the runs compare the recipes' numerics, and on a GPU the default
         # small-shape policy would keep these small layers in high precision.
-        dot_general=lowp_jax.TrainingDotGeneral(run, small_shapes="quantize"),
+        dot_general=lowp_jax.TrainingDotGeneral(tinylm.recipe_of(run), small_shapes="quantize"),
         # The float32 kernel itself is quantized, as lowp_torch.Linear does under autocast.
         promote_dtype=lowp_jax.nnx.master_weight_promote_dtype,
         rngs=rngs,

@@ -86,7 +86,10 @@ def build_model(cfg: tinylm.Config, run: str, params: dict, device="cpu") -> Tin
     model.load_state_dict({k: torch.from_numpy(v) for k, v in params.items()})
     if run != "bf16":
         lowp_torch.convert_to_training(
-            model, run, filter_fn=lambda module, name: name != "head", small_shapes="quantize"
+            model,
+            tinylm.recipe_of(run),
+            filter_fn=lambda module, name: name != "head",
+            small_shapes="quantize",
         )
     return model.to(device)
 

@@ -33,8 +33,9 @@ NAMES = ("numpy", "torch_cpu", "torch_cuda_eager", "torch_cuda_compiled", "jax_c
 
 
 def blockable(scheme, shape) -> bool:
-    """Whether the cuBLAS scale layout applies (MX / NVFP4 along the last axis)."""
-    if scheme.family not in ("mx", "nvfp4") or not shape:
+    """Whether the cuBLAS scale layout applies (MX / NVFP4 along the last axis; not
+    NVFP4's 2-D tiles)."""
+    if scheme.family not in ("mx", "nvfp4") or not shape or not hasattr(scheme, "axis"):
         return False
     return scheme.axis % len(shape) == len(shape) - 1
 

@@ -67,7 +67,8 @@ F32 = np.float32
 def schemes_for_rank(rank: int) -> list:
     """Every scheme x element format lowp admits at SHAPES[rank]: pow2 on and off, both
     axes, tiles that leave partial edge tiles (3x5 over 32 columns, 2x4 over 3 rows),
-    every MX mode, MX and float-scaled groups along axis 0, and the NVFP4 variants."""
+    every MX mode, MX and float-scaled groups along axis 0, and the NVFP4 variants (2-D
+    tiles from rank 2)."""
     out = []
     for fmt in ELEMENTS:
         out += [lowp.TensorScaling(fmt), lowp.TensorScaling(fmt, pow2=True)]
@@ -89,6 +90,8 @@ def schemes_for_rank(rank: int) -> list:
         lowp.NVFP4Scaling(global_scale=False),
     ]
     out.append(lowp.NVFP4Scaling(block=8))
+    if rank >= 2:  # 2-D NVFP4 tiles: every row of the shape by 16 columns
+        out.append(lowp.NVFP4TileScaling(tile=(SHAPES[rank][-2], 16)))
     return out
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import lowp
+from lowp.extend import LinearPlan
 
 torch = pytest.importorskip("torch")
 jax = pytest.importorskip("jax")
@@ -36,20 +37,23 @@ def _inputs(dtype: str):
 
 
 def _reference(arrays, recipe):
-    """The NumPy bytes of each GEMM's operands (lowp/_recipes.py orientation)."""
+    """The NumPy bytes of each GEMM's operands (lowp/_recipes.py orientation):
+    `lowp.quantize` of each orientation, after the recipe's Hadamard transform and with
+    its stochastic rounding where it has them (`OperandPlan.quantize_reference`)."""
     x = arrays["x"].reshape(-1, SHAPES["x"][-1])
     g = arrays["g"].reshape(-1, SHAPES["g"][-1])
     w = arrays["w"]
     tensors = {"forward": (x, w), "dgrad": (g, w.T), "wgrad": (g.T, x.T)}
+    plan = LinearPlan.of(recipe)
     out = {}
     for gemm, (a, b) in tensors.items():
-        spec = getattr(recipe, gemm)
-        if spec.high_precision:
+        gemm_plan = getattr(plan, gemm)
+        if gemm_plan is None:
             out[gemm] = None
             continue
         out[gemm] = (
-            lowp.quantize(np.ascontiguousarray(a), spec.a),
-            lowp.quantize(np.ascontiguousarray(b), spec.b),
+            gemm_plan.a.quantize_reference(np.ascontiguousarray(a)),
+            gemm_plan.b.quantize_reference(np.ascontiguousarray(b)),
         )
     return out
 
@@ -65,6 +69,9 @@ def _same_bytes(got: lowp.QTensor, want: lowp.QTensor, where: str):
         np.ascontiguousarray(want.scale).view(np.uint8),
         err_msg=f"{where}: scales",
     )
+    assert (got.global_scale is None) == (want.global_scale is None), where
+    if want.global_scale is not None:
+        assert got.global_scale.tobytes() == want.global_scale.tobytes(), f"{where}: global"
 
 
 @pytest.mark.slow

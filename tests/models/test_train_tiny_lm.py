@@ -103,3 +103,16 @@ def test_resume_is_exact(runs):
 def test_config_names_a_bad_dim():
     with pytest.raises(ValueError, match="d_model must be a multiple of 32.*got 100"):
         dataclasses.replace(CFG, d_model=100, heads=4)
+
+
+def test_the_nvfp4_ablation_drops_the_transform_and_stochastic_rounding():
+    """`nvfp4_no_rht_sr` is nvfp4's schemes with every operand rounded to nearest and
+    none transformed: the comparison that shows what the two buy."""
+    import lowp
+
+    ablation, nvfp4 = tinylm.recipe_of("nvfp4_no_rht_sr"), lowp.Recipe.from_name("nvfp4")
+    assert tinylm.recipe_of("nvfp4") == "nvfp4" and "nvfp4_no_rht_sr" in tinylm.RUNS
+    for gemm in ("forward", "dgrad", "wgrad"):
+        got, base = getattr(ablation, gemm), getattr(nvfp4, gemm)
+        assert (got.a, got.b) == (base.a, base.b), gemm
+        assert (got.a_rounding, got.b_rounding, got.hadamard) == ("nearest", "nearest", False)

@@ -39,11 +39,17 @@ from lowp_torch import _cast_kernels, _gemm, _log, _training
 RECIPES = lowp.Recipe.names()
 K, N = 128, 96
 INPUT_SHAPES = {"rank2": (64, K), "rank3": (3, 32, K)}
-# torchao's training thresholds (float8: test/float8/test_base.py; mx: test/prototype/mx_formats).
+# torchao's training thresholds (float8: test/float8/test_base.py; mx: test/prototype/mx_formats;
+# fp4: test_mx_linear.py's floors for fp4 elements, output 8, input grad 8, weight grad 10).
 MIN_SQNR = {
     "float8": {"forward": 18.0, "dgrad": 18.0, "wgrad": 17.0},
     "mxfp8": {"forward": 27.0, "dgrad": 25.0, "wgrad": 24.0},
+    "nvfp4": {"forward": 8.0, "dgrad": 8.0, "wgrad": 10.0},
 }
+
+
+def _floors(recipe: str) -> dict:
+    return MIN_SQNR[recipe.split("_")[0]]
 
 
 def _tensors(shape, dtype=torch.float32, seed=0):
@@ -112,16 +118,18 @@ def test_every_gemm_operand_is_lowp_quantize_of_its_orientation(recipe, case):
         "wgrad": (g2.t(), x2.t()),
     }
     operands = lowp_torch.training_operands(x, w, g, recipe)
-    spec_of = lowp.Recipe.from_name(recipe)
+    plan = extend.LinearPlan.of(lowp.Recipe.from_name(recipe))
     for gemm, hp_pair in orientations.items():
-        spec = getattr(spec_of, gemm)
-        if spec.high_precision:
+        gemm_plan = getattr(plan, gemm)
+        if gemm_plan is None:
             assert operands[gemm] is None
             continue
-        for q, hp, scheme in zip(operands[gemm], hp_pair, (spec.a, spec.b), strict=True):
-            got, want = lowp_torch.to_lowp(q), lowp.quantize(_numpy(hp), scheme)
+        for q, hp, op in zip(operands[gemm], hp_pair, (gemm_plan.a, gemm_plan.b), strict=True):
+            # lowp.quantize of the orientation (after the recipe's Hadamard transform,
+            # with its stochastic rounding, where it has them)
+            got, want = lowp_torch.to_lowp(q), op.quantize_reference(_numpy(hp))
             where = f"{recipe} {gemm}"
-            assert got.scheme == want.scheme == scheme and got.shape == want.shape, where
+            assert got.scheme == want.scheme == op.scheme and got.shape == want.shape, where
             assert np.array_equal(got.codes, want.codes), where
             assert got.scale.tobytes() == want.scale.tobytes(), where
 
@@ -161,7 +169,7 @@ def test_per_gemm_sqnr_meets_torchao_thresholds(recipe, rank):
     y, dx, dw, db = _layer_grads(_training_layer(recipe, w, b), x, g)
     ref = _reference_grads(x, w, b, g)
     assert y.dtype == dx.dtype == dw.dtype == torch.float32 and y.shape == ref[0].shape
-    thresholds = MIN_SQNR["mxfp8" if recipe.startswith("mxfp8") else "float8"]
+    thresholds = _floors(recipe)
     measured = {
         "forward": sqnr_db(y.double() - b.double(), ref[0] - b.double()),  # the GEMM alone
         "dgrad": sqnr_db(dx, ref[1]),
@@ -346,9 +354,18 @@ def test_convert_to_training_takes_the_small_shape_policy():
         lowp_torch.convert_to_training(_tiny_model(), recipe, small_shapes="never")
 
 
-@pytest.mark.parametrize("preset", ["float8_rowwise", "mxfp8", "nvfp4"])
-def test_to_inference_quantizes_the_trained_weights_as_a_fresh_quantize_does(preset):
-    model, optimizer = _converted("mxfp8")
+@pytest.mark.parametrize(
+    "recipe, preset",
+    [
+        ("mxfp8", "float8_rowwise"),
+        ("mxfp8", "mxfp8"),
+        ("mxfp8", "nvfp4"),
+        ("float8_blockwise", "float8_block"),
+        ("float8_blockwise_ue8m0", "float8_block"),
+    ],
+)
+def test_to_inference_quantizes_the_trained_weights_as_a_fresh_quantize_does(recipe, preset):
+    model, optimizer = _converted(recipe)
     _train(model, optimizer, range(2))
     float_model = _tiny_model()
     float_model.load_state_dict(model.state_dict())
@@ -711,7 +728,7 @@ def test_cuda_training_sqnr_and_kernels(recipe, compiled, caplog):
     with caplog.at_level(logging.DEBUG, logger="lowp_torch"):
         y, dx, dw, _ = _layer_grads(torch.compile(layer) if compiled else layer, x, g)
     ref = _reference_grads(x, w, b, g)
-    thresholds = MIN_SQNR["mxfp8" if recipe.startswith("mxfp8") else "float8"]
+    thresholds = _floors(recipe)
     assert y.dtype == dx.dtype == dw.dtype == torch.bfloat16
     assert sqnr_db(y.double() - b.double(), ref[0] - b.double()) >= thresholds["forward"]
     assert sqnr_db(dx, ref[1]) >= thresholds["dgrad"]
@@ -719,12 +736,53 @@ def test_cuda_training_sqnr_and_kernels(recipe, compiled, caplog):
     if (
         not compiled
         and recipe.startswith("float8")
+        and "blockwise" not in recipe  # K = 128: one block scale a row, see below
         and torch.cuda.get_device_capability() >= (8, 9)
     ):
         spec = lowp.Recipe.from_name(recipe)
         for gemm in ("forward", "dgrad", "wgrad"):
             if not getattr(spec, gemm).high_precision:
                 assert f"linear {gemm}: kernel='scaled_mm'" in caplog.text, caplog.text
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+    reason="needs an sm_90 GPU: torch._scaled_mm's 1x128/128x128 block-scaled forms",
+)
+@pytest.mark.parametrize("recipe", ["float8_blockwise", "float8_blockwise_ue8m0"])
+def test_blockwise_gemms_run_on_scaled_mm_on_sm90(recipe, caplog):
+    """All three GEMMs of the blockwise recipes take cuBLAS's block-scaled GEMM where
+    the block-scale counts suit it (M and each ceil(dim/128) multiples of 4), and give
+    the emulation's SQNR; the operands are the CPU's bytes (training_operands)."""
+    k = n = 512
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, k, generator=gen).to(torch.bfloat16).cuda()
+    w = (torch.randn(n, k, generator=gen) * 0.05).to(torch.bfloat16).cuda()
+    g = torch.randn(1024, n, generator=gen).to(torch.bfloat16).cuda()
+    layer = lowp_torch.Linear(k, n, bias=False, recipe=recipe, dtype=torch.bfloat16)
+    layer = layer.cuda()
+    with torch.no_grad():
+        layer.weight.copy_(w)
+    with caplog.at_level(logging.DEBUG, logger="lowp_torch"):
+        xg = x.clone().requires_grad_()
+        y = layer(xg)
+        y.backward(g)
+    for gemm in ("forward", "dgrad", "wgrad"):
+        assert f"linear {gemm}: kernel='scaled_mm'" in caplog.text, caplog.text
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    yr = F.linear(xd, wd)
+    yr.backward(g.double())
+    thresholds = MIN_SQNR["float8"]
+    assert sqnr_db(y, yr) >= thresholds["forward"]
+    assert sqnr_db(xg.grad, xd.grad) >= thresholds["dgrad"]
+    assert sqnr_db(layer.weight.grad, wd.grad) >= thresholds["wgrad"]
+    on_gpu = lowp_torch.training_operands(x, w, g, recipe)
+    on_cpu = lowp_torch.training_operands(x.cpu(), w.cpu(), g.cpu(), recipe)
+    for gemm in ("forward", "dgrad", "wgrad"):
+        for q_gpu, q_cpu in zip(on_gpu[gemm], on_cpu[gemm], strict=True):
+            got, want = lowp_torch.to_lowp(q_gpu), lowp_torch.to_lowp(q_cpu)
+            assert np.array_equal(got.codes, want.codes), gemm
+            assert got.scale.tobytes() == want.scale.tobytes(), gemm
 
 
 if __name__ == "__main__":
