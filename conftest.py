@@ -15,6 +15,8 @@ import functools
 import importlib.util
 import pathlib
 
+import pytest
+
 _ROOT = pathlib.Path(__file__).parent
 
 
@@ -102,3 +104,25 @@ def pytest_ignore_collect(collection_path: pathlib.Path, config):
     if _missing(_module_name(path)) is not None:
         return True
     return None
+
+
+@pytest.fixture
+def scaled_small_shape_costs(monkeypatch):
+    """The small-shape policy (`lowp._small_shapes`) with its costs scaled down so that
+    CPU-sized calls fall on both sides: an fp8 call costs 1 ms of host time and nothing
+    else, a high-precision one 6*M*K*N flops at 3.648e-4 TFLOP/s, so fp8 pays (under
+    MARGIN) from M*K*N = 2**16 on (a 64 -> 32 layer from 32 tokens); with at most 64
+    tokens a call, only a layer of K*N >= 2**10 may pay."""
+    from lowp import _small_shapes
+
+    scaled = _small_shapes.Costs(
+        fp8_tflops=1e12,
+        bf16_tflops=3.648e-4,
+        cast_bytes=0,
+        bandwidth_tb_s=1,
+        fp8_host_ms=1,
+        bf16_host_ms=0,
+        overlap=0,
+    )
+    monkeypatch.setattr(_small_shapes, "COSTS", {_small_shapes.DEFAULT_RECIPE: scaled})
+    monkeypatch.setattr(_small_shapes, "MAX_TOKENS", 64)

@@ -143,6 +143,17 @@ class Recipe:
             hint = f" ({name!r} is torchao's name for {_TORCHAO_RECIPE_NAMES[name]!r})"
         raise ValueError(f"unknown recipe {name!r}{hint}; expected one of {cls.names()}")
 
+    @classmethod
+    def of(cls, recipe: "Recipe | str") -> "Recipe":
+        """`recipe` itself, or the recipe it names; TypeError naming anything else."""
+        if isinstance(recipe, str):
+            return cls.from_name(recipe)
+        if not isinstance(recipe, cls):
+            raise TypeError(
+                f"expected a lowp.Recipe or a recipe name {cls.names()}, got {recipe!r}"
+            )
+        return recipe
+
 
 def _float8_tensorwise() -> Recipe:
     x_w = _schemes.TensorScaling(_E4M3)

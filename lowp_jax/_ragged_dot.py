@@ -191,14 +191,6 @@ def _ragged_bwd(plan, residuals, dy):
 _ragged.defvjp(_ragged_fwd, _ragged_bwd)
 
 
-def _as_recipe(recipe) -> lowp.Recipe:
-    if isinstance(recipe, str):
-        return lowp.Recipe.from_name(recipe)
-    if not isinstance(recipe, lowp.Recipe):
-        raise TypeError(f"expected a lowp.Recipe or a recipe name, got {recipe!r}")
-    return recipe
-
-
 def ragged_dot(
     lhs,
     rhs,
@@ -243,7 +235,7 @@ def ragged_dot(
         )
     if not isinstance(group_sizes, jax.core.Tracer):
         extend.check_group_sizes(jax.device_get(group_sizes), lhs.shape[0])
-    plan = extend.GroupedPlan.of(_as_recipe(recipe))
+    plan = extend.GroupedPlan.of(lowp.Recipe.of(recipe))
     plan.check(lhs.shape[1], rhs.shape[2])
     out = _ragged(plan, lhs, rhs, group_sizes.astype(jnp.int32))
     return out if preferred_element_type is None else out.astype(preferred_element_type)
@@ -253,7 +245,7 @@ def grouped_operands(x, w, g, group_sizes, recipe) -> dict:
     """The quantized operands of the three grouped GEMMs, in the core's terms: x (T, K),
     w (E, N, K), g (T, N); {"forward": (x, w), "dgrad": (g, w.T), "wgrad": (g.T, x.T)}
     of (codes, scale), None for a GEMM in high precision (as lowp_torch's)."""
-    plan = extend.GroupedPlan.of(_as_recipe(recipe))
+    plan = extend.GroupedPlan.of(lowp.Recipe.of(recipe))
     sizes = jnp.asarray(group_sizes).astype(jnp.int32)
     tensors = {"x": x, "w": w, "g": g, "w.T": jnp.swapaxes(w, 1, 2), "g.T": g, "x.T": x}
     out: dict = {}

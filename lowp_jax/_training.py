@@ -50,17 +50,6 @@ from lowp_jax import _dot_operands as _operands
 _A_BT = (((1,), (1,)), ((), ()))  # a @ b.T for rank-2 a, b: contract the last axes
 
 
-def as_recipe(recipe) -> lowp.Recipe:
-    """A `lowp.Recipe` from itself or a recipe name; TypeError otherwise."""
-    if isinstance(recipe, str):
-        return lowp.Recipe.from_name(recipe)
-    if not isinstance(recipe, lowp.Recipe):
-        raise TypeError(
-            f"expected a lowp.Recipe or a recipe name {lowp.Recipe.names()}, got {recipe!r}"
-        )
-    return recipe
-
-
 logger = logging.getLogger("lowp_jax")
 SMALL_SHAPES = ("auto", "quantize")
 
@@ -133,7 +122,7 @@ def training_dot_general(
     >>> jax.grad(loss)(kernel)[0, :3].tolist()
     [64.0, 64.0, 64.0]
     """
-    recipe = as_recipe(recipe)
+    recipe = lowp.Recipe.of(recipe)
     if impl not in _dot.IMPLS:
         raise ValueError(f"impl must be one of {_dot.IMPLS}, got {impl!r}")
     if small_shapes not in SMALL_SHAPES:
@@ -405,7 +394,7 @@ def training_operands(x, w, g, recipe) -> dict:
     >>> [q.shape for q in ops["dgrad"]], ops["wgrad"]
     ([(64, 64), (128, 64)], None)
     """
-    recipe = as_recipe(recipe)
+    recipe = lowp.Recipe.of(recipe)
     x, w, g = (_operands.hp(t, name) for t, name in ((x, "x"), (w, "w"), (g, "g")))
     if (
         w.ndim != 2
@@ -461,7 +450,7 @@ class TrainingDotGeneral:
     small_shapes: str = "auto"
 
     def __post_init__(self):
-        object.__setattr__(self, "recipe", as_recipe(self.recipe))
+        object.__setattr__(self, "recipe", lowp.Recipe.of(self.recipe))
         if self.impl not in _dot.IMPLS:
             raise ValueError(f"impl must be one of {_dot.IMPLS}, got {self.impl!r}")
         if self.small_shapes not in SMALL_SHAPES:
@@ -508,7 +497,7 @@ def training_dot_general_cls(recipe, impl: str = "auto", small_shapes: str = "au
     >>> jax.grad(lambda p: dense.apply(p, jnp.ones((64, 128))).sum())(params)["params"]["kernel"].shape
     (128, 64)
     """
-    return functools.partial(TrainingDotGeneral, as_recipe(recipe), impl, small_shapes)
+    return functools.partial(TrainingDotGeneral, lowp.Recipe.of(recipe), impl, small_shapes)
 
 
 def layer_dot_general(config, recipe, impl: str, small_shapes: str = "auto"):

@@ -284,14 +284,6 @@ class _GroupedMMFunction(torch.autograd.Function):
         return dx, dw, None, None, None, None
 
 
-def _as_recipe(recipe) -> lowp.Recipe:
-    if isinstance(recipe, str):
-        return lowp.Recipe.from_name(recipe)
-    if not isinstance(recipe, lowp.Recipe):
-        raise TypeError(f"expected a lowp.Recipe or a recipe name, got {recipe!r}")
-    return recipe
-
-
 def _check(x, w, offs, name: str) -> None:
     if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[2]:
         raise ValueError(
@@ -335,7 +327,7 @@ def grouped_mm(
     if kernel not in KERNELS:
         raise ValueError(f"{name}: kernel must be one of {KERNELS}, got {kernel!r}")
     _check(x, w, offs, name)
-    plan = extend.GroupedPlan.of(_as_recipe(recipe))
+    plan = extend.GroupedPlan.of(lowp.Recipe.of(recipe))
     try:
         plan.check(w.shape[2], w.shape[1], backward=torch.is_grad_enabled())
     except ValueError as e:
@@ -350,7 +342,7 @@ def grouped_operands(x, w, g, offs, recipe) -> dict:
     (g, w.T), "wgrad": (g.T, x.T)}, None for a GEMM in high precision. The bytes
     `grouped_mm` feeds its GEMMs, for comparison with `extend.quantize_grouped`."""
     _check(x, w, offs, "grouped_operands")
-    plan = extend.GroupedPlan.of(_as_recipe(recipe))
+    plan = extend.GroupedPlan.of(lowp.Recipe.of(recipe))
     sizes = group_sizes(offs, x.shape[0])
     tensors = {"x": x, "w": w, "g": g, "w.T": w.transpose(-2, -1).contiguous(), "g.T": g, "x.T": x}
     out: dict = {}

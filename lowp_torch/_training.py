@@ -90,15 +90,6 @@ class Lowering:
             )
 
 
-def as_recipe(recipe) -> lowp.Recipe:
-    """A `lowp.Recipe` from itself or its name; TypeError/ValueError naming anything else."""
-    if isinstance(recipe, str):
-        return lowp.Recipe.from_name(recipe)
-    if not isinstance(recipe, lowp.Recipe):
-        raise TypeError(f"expected a lowp.Recipe or a recipe name, got {recipe!r}")
-    return recipe
-
-
 # --- the operands of each GEMM ---
 
 
@@ -128,7 +119,7 @@ def training_operands(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, recipe)
     >>> [tuple(q.shape) for q in ops["dgrad"]], ops["wgrad"]
     ([(4, 64), (32, 64)], None)
     """
-    plan = extend.LinearPlan.of(as_recipe(recipe))
+    plan = extend.LinearPlan.of(lowp.Recipe.of(recipe))
     if (
         w.dim() != 2
         or x.dim() < 1

@@ -77,7 +77,7 @@ class Linear(nn.Linear):
         small_shapes: str = "auto",
     ):
         super().__init__(in_features, out_features, bias, device, dtype)
-        self.recipe = _training.as_recipe(recipe)
+        self.recipe = lowp.Recipe.of(recipe)
         self.plan = extend.LinearPlan.of(self.recipe)  # what each GEMM runs: `_training`
         self.lowering = _training.Lowering(kernel, pad_to_16, name, small_shapes)
         _training.check_layer(self.plan, in_features, out_features, self.lowering)
@@ -261,7 +261,7 @@ def convert_to_training(
     >>> model[0]
     Linear(in_features=64, out_features=32, bias=True, recipe='mxfp8', kernel='auto')
     """
-    recipe = _training.as_recipe(recipe)
+    recipe = lowp.Recipe.of(recipe)
     if filter_fn is not None and not callable(filter_fn):
         raise TypeError(f"filter_fn must be callable(module, name) -> bool, got {filter_fn!r}")
 

@@ -673,26 +673,11 @@ def test_mixed_precision_layers_quantize_the_float32_master_weight(layer_kind):
 
 
 @pytest.fixture
-def fp8_kernels_here(monkeypatch):
+def fp8_kernels_here(monkeypatch, scaled_small_shape_costs):
     """Make this CPU look like a GPU with fp8 kernels to the policy, with its costs
-    scaled down: a 64 -> 32 layer pays from 32 tokens on, a layer of K*N < 2**10 never."""
-    from lowp import _small_shapes
-
+    scaled down: a 64 -> 32 layer pays from 32 tokens on, a layer of K*N < 2**10 never
+    (the root conftest's fixture)."""
     monkeypatch.setattr(lowp_jax._training, "fp8_kernels_run", lambda recipe, impl, device: True)
-    # A scaled-down cost model: an fp8 call costs 1 ms of host time and nothing else, a
-    # high-precision one 6*M*K*N flops at 3.648e-4 TFLOP/s, so fp8 pays (under MARGIN) from
-    # M*K*N = 2**16 on; with at most 64 tokens a call, only a layer of K*N >= 2**10 may pay.
-    scaled = _small_shapes.Costs(
-        fp8_tflops=1e12,
-        bf16_tflops=3.648e-4,
-        cast_bytes=0,
-        bandwidth_tb_s=1,
-        fp8_host_ms=1,
-        bf16_host_ms=0,
-        overlap=0,
-    )
-    monkeypatch.setattr(_small_shapes, "COSTS", {_small_shapes.DEFAULT_RECIPE: scaled})
-    monkeypatch.setattr(_small_shapes, "MAX_TOKENS", 64)
 
 
 @pytest.mark.slow

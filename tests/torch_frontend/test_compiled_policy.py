@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import lowp
 from lowp_torch import _gemm, _training
 
 
@@ -27,7 +28,7 @@ def test_fp8_kernels_run_traces_with_a_cuda_device(monkeypatch, capability, reci
     monkeypatch.setattr(_gemm, "_cuda_capability", fake_capability)
     lowering = _training.Lowering()
     device = torch.device("cuda", 0)
-    recipe = _training.as_recipe(recipe)
+    recipe = lowp.Recipe.of(recipe)
 
     @torch.compile(fullgraph=True, backend="eager")
     def decide(x):

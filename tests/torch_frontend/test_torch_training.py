@@ -793,27 +793,11 @@ if __name__ == "__main__":
 
 
 @pytest.fixture
-def fp8_kernels_here(monkeypatch):
+def fp8_kernels_here(monkeypatch, scaled_small_shape_costs):
     """Make this CPU look like a GPU with fp8 kernels to the policy, with its costs
     scaled down so that CPU-sized calls fall on both sides: a 64 x 32 layer pays from 32
-    tokens on, a layer of K*N < 2**10 never."""
-    from lowp import _small_shapes
-
+    tokens on, a layer of K*N < 2**10 never (the root conftest's fixture)."""
     monkeypatch.setattr(_training, "fp8_kernels_run", lambda recipe, device, lowering: True)
-    # A scaled-down cost model: an fp8 call costs 1 ms of host time and nothing else, a
-    # high-precision one 6*M*K*N flops at 3.648e-4 TFLOP/s, so fp8 pays (under MARGIN) from
-    # M*K*N = 2**16 on; with at most 64 tokens a call, only a layer of K*N >= 2**10 may pay.
-    scaled = _small_shapes.Costs(
-        fp8_tflops=1e12,
-        bf16_tflops=3.648e-4,
-        cast_bytes=0,
-        bandwidth_tb_s=1,
-        fp8_host_ms=1,
-        bf16_host_ms=0,
-        overlap=0,
-    )
-    monkeypatch.setattr(_small_shapes, "COSTS", {_small_shapes.DEFAULT_RECIPE: scaled})
-    monkeypatch.setattr(_small_shapes, "MAX_TOKENS", 64)
     monkeypatch.setattr(_log, "_said", set())  # each test sees its own "once" messages
 
 
