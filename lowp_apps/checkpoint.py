@@ -1,9 +1,11 @@
 """Quantize a sharded safetensors checkpoint on the CPU, one shard at a time.
 
 Each `*.safetensors` shard of the source directory becomes a lowp file of the same name
-in the output directory: every floating-point tensor of rank >= 2 that the scheme admits
-is quantized with the NumPy reference (`lowp.quantize`, which works a slab of rows at a
-time), everything else is kept as it is. Only one shard is in memory at a time, and each
+in the output directory: every float linear weight (`linear_weights`: rank 2, named
+`*weight`, not an embedding table; the tensors `quantize_` would quantize) is quantized
+with the NumPy reference (`lowp.quantize`, which works a slab of rows at a time), every
+other tensor is kept as it is. A linear weight the scheme cannot take (MX blocks that do
+not divide its rows, say) is an error naming it, not a tensor silently kept. Only one shard is in memory at a time, and each
 source tensor is dropped once quantized, so the peak is about one shard plus its output:
 a 7B-parameter bf16 checkpoint converts on a machine with far less memory than 14 GB
 (docs/performance.md, CPU path, gives the measured run).
@@ -11,21 +13,18 @@ a 7B-parameter bf16 checkpoint converts on a machine with far less memory than 1
     >>> import tempfile, numpy as np, lowp
     >>> src, out = tempfile.mkdtemp(), tempfile.mkdtemp()
     >>> lowp.save(f"{src}/model-00001-of-00001.safetensors",
-    ...           {"w": np.ones((4, 32), np.float32), "norm": np.ones(4, np.float32)})
+    ...           {"fc.weight": np.ones((4, 32), np.float32), "norm.weight": np.ones(4, np.float32)})
     >>> [r["quantized"] for r in quantize_checkpoint(src, out, lowp.MXScaling())]
     [1]
     >>> sorted(lowp.load(f"{out}/model-00001-of-00001.safetensors"))
-    ['norm', 'w']
+    ['fc.weight', 'norm.weight']
 """
 
 import pathlib
 import shutil
 
-import numpy as np
-
 import lowp
-
-_FLOATING = ("float32", "bfloat16", "float16")
+from lowp_apps import linear_weights
 
 
 def shards(src) -> list[pathlib.Path]:
@@ -36,16 +35,6 @@ def shards(src) -> list[pathlib.Path]:
     return found
 
 
-def _quantizable(array: np.ndarray, scheme) -> bool:
-    if array.ndim < 2 or array.dtype.name not in _FLOATING:
-        return False
-    try:
-        scheme.check_shape(array.shape)
-    except ValueError:
-        return False
-    return True
-
-
 def quantize_shard(path, out_path, scheme) -> dict:
     """Quantize one shard into the lowp file `out_path`; returns what was done."""
     arrays = lowp.read_arrays(path)
@@ -53,8 +42,11 @@ def quantize_shard(path, out_path, scheme) -> dict:
     quantized = 0
     for name in list(arrays):
         array = arrays.pop(name)  # drop the source tensor once its output exists
-        if _quantizable(array, scheme):
-            written[name] = lowp.quantize(array, scheme, name=name)
+        if linear_weights.is_float(array) and not linear_weights.not_a_linear_weight(name, array):
+            try:
+                written[name] = lowp.quantize(array, scheme, name=name)
+            except ValueError as e:
+                raise ValueError(f"{path}: {name}: {e}") from e
             quantized += 1
         else:
             written[name] = array

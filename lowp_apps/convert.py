@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 import lowp
+from lowp_apps import linear_weights
 
 LOWP = "lowp"
 TARGETS = (LOWP, *lowp.checkpoints.DIALECTS)
@@ -51,12 +52,12 @@ def convert(src, dst, target: str, quantize: "lowp.Scheme | None" = None) -> dic
 
 
 def _maybe_quantize(name: str, x, scheme, target: str):
-    linear = isinstance(x, np.ndarray) and x.ndim == 2 and name.endswith(".weight")
-    if not linear or x.dtype.kind not in "fV" or x.dtype == np.float64:
+    """x quantized with `scheme` if it is a float linear weight (`linear_weights`), else x."""
+    if not linear_weights.is_float(x) or linear_weights.not_a_linear_weight(name, x):
         return x
     if target == lowp.checkpoints.DIALECTS[1]:  # compressed-tensors: its own rule
         return lowp.checkpoints.quantize_like(x, scheme, target)
-    return lowp.quantize(x, scheme)
+    return lowp.quantize(x, scheme, name=name)
 
 
 def requantizes(q: "lowp.QTensor") -> bool | None:

@@ -41,6 +41,7 @@ import numpy as np
 import lowp
 from lowp import extend
 from lowp_apps import minilm
+from lowp_apps.linear_weights import not_a_linear_weight
 
 HP_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
 
@@ -286,19 +287,6 @@ def sort_key(row: Row):
     if math.isnan(row.sqnr_db):
         return (0, 0.0, row.tensor)
     return (1, row.sqnr_db, row.tensor)
-
-
-def not_a_linear_weight(name: str, x: np.ndarray) -> str | None:
-    """Why the presets' `quantize_` would not quantize this tensor, or None if it would:
-    they quantize the weights of linear layers, rank 2 and named `*weight`; an embedding
-    table (`embed` in its name) is looked up, not multiplied."""
-    if x.ndim != 2:
-        return f"rank {x.ndim}: not a linear layer's weight (biases, norms and scalars stay high precision)"
-    if not name.endswith("weight"):
-        return "not named *weight: not a linear layer's weight"
-    if "embed" in name.lower():
-        return "an embedding table, not a linear layer's weight"
-    return None
 
 
 def selection_reason(name: str, x: np.ndarray, select) -> str | None:

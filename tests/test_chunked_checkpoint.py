@@ -1,5 +1,5 @@
-"""lowp_apps.checkpoint: a sharded bf16 checkpoint quantized shard by shard, each tensor
-to the bytes `lowp.quantize` gives it, one shard read at a time."""
+"""lowp_apps.checkpoint: a sharded bf16 checkpoint quantized shard by shard, each linear
+weight to the bytes `lowp.quantize` gives it, one shard read at a time."""
 
 import json
 
@@ -18,9 +18,15 @@ def _shards(root):
         return rng.standard_normal(shape).astype(np.float32).astype(ml_dtypes.bfloat16)
 
     contents = {
-        "model-00001-of-00003.safetensors": {"embed.weight": bf16(64, 32), "l0.w": bf16(32, 64)},
-        "model-00002-of-00003.safetensors": {"l1.w": bf16(2, 16, 32), "l1.norm": bf16(32)},
-        "model-00003-of-00003.safetensors": {"head.w": bf16(8, 48), "step": np.arange(3)},
+        "model-00001-of-00003.safetensors": {
+            "embed_tokens.weight": bf16(64, 32),
+            "l0.weight": bf16(32, 64),
+        },
+        "model-00002-of-00003.safetensors": {
+            "l1.experts": bf16(2, 16, 32),
+            "l1.norm.weight": bf16(32),
+        },
+        "model-00003-of-00003.safetensors": {"head.weight": bf16(8, 64), "step": np.arange(3)},
     }
     for name, arrays in contents.items():
         lowp.save(root / name, arrays)
@@ -52,10 +58,10 @@ def test_each_shard_becomes_a_lowp_file_of_quantized_tensors(tmp_path, scheme, m
         assert sorted(loaded) == sorted(arrays)
         for tensor, source in arrays.items():
             got = loaded[tensor]
-            kept = {"l1.norm", "step"} | (
-                {"head.w"} if isinstance(scheme, lowp.MXScaling) else set()
-            )
-            if tensor not in kept:  # MX blocks of 32 do not divide head.w's 48 columns
+            # the linear weights are quantized; an embedding table, a rank-3 tensor, a
+            # norm's weight and an integer step are not
+            kept = {"embed_tokens.weight", "l1.experts", "l1.norm.weight", "step"}
+            if tensor not in kept:
                 want = lowp.quantize(source, scheme)
                 assert isinstance(got, lowp.QTensor)
                 assert got.codes.tobytes() == want.codes.tobytes()
@@ -66,6 +72,14 @@ def test_each_shard_becomes_a_lowp_file_of_quantized_tensors(tmp_path, scheme, m
     assert (out / "model.safetensors.index.json").read_text() == (
         src / "model.safetensors.index.json"
     ).read_text()
+
+
+def test_a_linear_weight_the_scheme_refuses_is_named_not_kept(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    lowp.save(src / "model.safetensors", {"head.weight": np.ones((8, 48), np.float32)})
+    with pytest.raises(ValueError, match=r"model\.safetensors: head\.weight"):
+        checkpoint.quantize_checkpoint(src, tmp_path / "out", lowp.MXScaling())
 
 
 def test_a_directory_without_shards_is_named(tmp_path):
