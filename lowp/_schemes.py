@@ -491,6 +491,7 @@ class NVFP4TileScaling(Scaling):
         _check_bool("NVFP4TileScaling", "global_scale", self.global_scale)
 
     def check_shape(self, shape: tuple[int, ...]) -> None:
+        """ValueError unless the tile divides the last two dims and fp4 codes pack."""
         _check_rank(shape, 2, self)
         for dim, t in zip(shape[-2:], self.tile, strict=True):
             if dim % t:
@@ -501,10 +502,12 @@ class NVFP4TileScaling(Scaling):
         _check_fp4_packing(shape, self.fmt, self)
 
     def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The input shape with its last two dims divided by the tile."""
         rows, cols = shape[-2:]
         return shape[:-2] + (rows // self.tile[0], cols // self.tile[1])
 
     def tiles(self, rank: int) -> tuple[int | None, ...]:
+        """One element along each leading dim, the tile along the last two."""
         return (1,) * (rank - 2) + self.tile
 
     def permuted(self, dims) -> "NVFP4TileScaling | None":
@@ -514,11 +517,13 @@ class NVFP4TileScaling(Scaling):
         return self if list(dims[-2:]) == [rank - 2, rank - 1] else None
 
     def reshaped(self, old: tuple, new: tuple) -> "NVFP4TileScaling | None":
+        """Itself where the last dim stays and the rows still split into whole tiles."""
         if len(old) < 2 or len(new) < 2 or new[-1] != old[-1]:
             return None
         return self if new[-2] == old[-2] or new[-2] % self.tile[0] == 0 else None
 
     def selected(self, dim: int, rank: int) -> "NVFP4TileScaling | None":
+        """Itself where a leading dim (not a tiled one) is indexed away."""
         return self if dim % rank < rank - 2 else None
 
 

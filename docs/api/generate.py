@@ -50,10 +50,15 @@ GENERATED = (
 )
 # The address of an object in a repr differs between runs.
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
 # `lowp.Scheme` spelled out, as an annotation prints it: the page says `Scheme`.
-_SCHEME_UNION = (
-    "TensorScaling | AxisScaling | BlockScaling | MXScaling | NVFP4Scaling | GroupScaling"
-)
+def _scheme_union() -> str:
+    from lowp import extend
+
+    return " | ".join(t.__name__ for t in extend.SCHEME_TYPES)
+
+
 # `torch.nn.modules.linear.` of `torch.nn.modules.linear.Linear`: where a class lives
 # inside a package changes between versions; its name is what a reader needs.
 _MODULE_PATH = re.compile(r"\b(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_])")
@@ -115,7 +120,7 @@ def _signature(obj) -> str:
     if returns is not empty:
         returns = _Shown(_annotation_text(returns))
     text = str(sig.replace(parameters=params, return_annotation=returns))
-    return text.replace(_SCHEME_UNION, "Scheme")
+    return text.replace(_scheme_union(), "Scheme")
 
 
 def _hides_parameters(sig: inspect.Signature) -> bool:
