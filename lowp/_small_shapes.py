@@ -15,8 +15,10 @@ is shorter than its launches); `overlap` says how much of the shorter of host an
 time still shows in a step, since the two overlap only in part. fp8 runs where its
 predicted time is under `MARGIN` times high precision's. The constants per recipe
 (`COSTS`) were measured on one H200 by `bench/small_shape_costs.py` (the run and its
-fit: docs/performance.md, "Small shapes"); other GPUs with fp8 GEMMs use them too,
-which is a guess this module says rather than hides.
+fit: docs/performance.md, "Small shapes"); other GPUs with fp8 GEMMs use them too, and
+so do the recipes not measured there (float8_blockwise, and the MX and NVFP4 recipes
+where sm_100 runs their GEMMs), which take float8_rowwise's: guesses this module says
+rather than hides.
 
 The frontends' training layers ("auto", their default) consult it where the fp8 GEMM
 kernels would run a call; on a device without them (CPU; MX and NVFP4 before sm_100)
@@ -91,7 +93,8 @@ DEFAULT_RECIPE = "float8_rowwise"  # whose costs a recipe without its own uses
 
 
 def costs(recipe: str | None) -> Costs:
-    """The costs of `recipe` (a name), or of `DEFAULT_RECIPE` for one not measured."""
+    """The costs of `recipe` (a name), or of `DEFAULT_RECIPE` for one not measured (a
+    guess: the module docstring)."""
     return COSTS.get(recipe or DEFAULT_RECIPE, COSTS[DEFAULT_RECIPE])
 
 

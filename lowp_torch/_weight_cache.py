@@ -16,16 +16,22 @@ off the CPU or under torch.compile, where the copy is never made.
 When it is thrown away: a copy is keyed by the version counters of the weight's codes
 and scales, so an in-place change (`load_state_dict`, `copy_`) makes the next call
 dequantize again; a tensor made under `torch.inference_mode()` has no version counter
-and is never cached.
+and is never cached. A change made through `.data` (`w.codes.data[...] = ...`) bypasses
+the version counters, as it bypasses autograd: it is not seen; change a quantized
+weight with `copy_` or `load_state_dict`, or run such code inside `weight_cache(False)`.
+
+The switch is a context variable: a `with weight_cache(...)` block holds in its own
+thread (and task) only, and blocks may nest.
 """
 
 import contextlib
+import contextvars
 
 import torch
 
 from lowp_torch import _qtensor, _quantize, _storage
 
-_ENABLED = [True]  # process-wide, as `cast_kernels`: a with block sets it and restores it
+_ENABLED = contextvars.ContextVar("lowp_torch.weight_cache", default=True)
 
 
 @contextlib.contextmanager
@@ -40,12 +46,11 @@ def weight_cache(enabled: bool):
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"weight_cache takes True or False, got {enabled!r}")
-    before = _ENABLED[0]
-    _ENABLED[0] = enabled
+    token = _ENABLED.set(enabled)
     try:
         yield
     finally:
-        _ENABLED[0] = before
+        _ENABLED.reset(token)
 
 
 def dequantized(w: _qtensor.QuantizedTensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -56,7 +61,7 @@ def dequantized(w: _qtensor.QuantizedTensor, out_dtype: torch.dtype) -> torch.Te
     """
     parts = [w.codes, w.scale] + ([] if w.global_scale is None else [w.global_scale])
     if (
-        not _ENABLED[0]
+        not _ENABLED.get()
         or w.device.type != "cpu"
         or _storage.traced(w)
         or _qtensor.linear_of(w) is None

