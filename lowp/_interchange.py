@@ -172,7 +172,7 @@ def load(
     from lowp import checkpoints  # another tool's checkpoint (a directory, a foreign file)
 
     if checkpoints.is_checkpoint(path):
-        return checkpoints.load_checkpoint(path)
+        return checkpoints.load_checkpoint(path, verify=verify)
     arrays, metadata = _read_safetensors(path)
     if METADATA_KEY not in metadata:
         return dict(arrays)
