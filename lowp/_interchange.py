@@ -172,7 +172,7 @@ def load(
     from lowp import checkpoints  # another tool's checkpoint (a directory, a foreign file)
 
     if checkpoints.is_checkpoint(path):
-        return checkpoints.load_checkpoint(path)
+        return checkpoints.load_checkpoint(path, verify=verify)
     arrays, metadata = _read_safetensors(path)
     if METADATA_KEY not in metadata:
         return dict(arrays)
@@ -291,6 +291,9 @@ def _flatten(tensors) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
 
 
 def _qtensor_parts(name: str, q: "_qtensor.QTensor") -> tuple[dict[str, np.ndarray], dict]:
+    from lowp.checkpoints import _dequantize  # the checkpoints package imports this module
+
+    _dequantize.refuse_origin(q, f"save: tensor {_show(name)}", "lowp.dequantize(q)")
     try:  # rebuild to re-run the checks: arrays are mutable and may have been reshaped since
         q = dataclasses.replace(q)
     except (TypeError, ValueError) as e:

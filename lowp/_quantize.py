@@ -81,6 +81,18 @@ def _as_rows(x: np.ndarray, scheme: _schemes.Scheme) -> tuple[np.ndarray, _schem
     return view, merged
 
 
+def _whole_bytes(slabs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`slabs` of a 1-D packed input merged across every odd cut, so that no slab
+    splits a byte of two float4 codes (merging adjacent slabs cuts no group either)."""
+    merged = [slabs[0]]
+    for start, stop in slabs[1:]:
+        if merged[-1][1] % 2:
+            merged[-1] = (merged[-1][0], stop)
+        else:
+            merged.append((start, stop))
+    return merged
+
+
 def _abs_bits(rows: np.ndarray) -> np.ndarray:
     """|x| as uint32 patterns of float32 (`_bits.abs_bits`) for a slab of any input dtype."""
     return _bits.abs_bits(np.ascontiguousarray(rows, dtype=np.float32))
@@ -187,7 +199,10 @@ def quantize(
     fmt = _formats.element_format(scheme.fmt)
     rows, row_scheme = _as_rows(x, scheme)
     random_rows = None if random_bits is None else np.reshape(random_bits, rows.shape)
+    packed = fmt.name == "float4_e2m1fn"
     slabs = _groups.slabs(rows.shape, row_scheme, chunk_elements)
+    if packed and rows.ndim == 1:
+        slabs = _whole_bytes(slabs)
     row_size = math.prod(rows.shape[1:])
 
     # Groups that span axis 0, and NVFP4's global scale, need every slab's amax first.
@@ -201,7 +216,6 @@ def quantize(
         amax_bits = np.where(amax_bits <= _bits.MANT_MASK, np.uint32(0), amax_bits)
     nvfp4 = _nvfp4_global(amax_bits, scheme) if scheme.family == "nvfp4" else None
 
-    packed = fmt.name == "float4_e2m1fn"
     codes = np.empty(rows.shape[:-1] + (rows.shape[-1] // 2,) if packed else rows.shape, np.uint8)
     scale_dtype = np.float32 if scheme.family == "float" else np.uint8
     scale = np.empty(row_scheme.scale_shape(rows.shape), scale_dtype)
@@ -250,7 +264,12 @@ def quantize(
         elif source == "bits":
             random = random_rows[start:stop]  # type: ignore[index]
         slab_codes = _rounding.round_elements(v, fmt, random, scratch)
-        codes[start:stop] = _layouts.pack_fp4(slab_codes) if packed else slab_codes
+        if not packed:
+            codes[start:stop] = slab_codes
+        elif rows.ndim == 1:  # two elements a byte along the one axis the slabs cut
+            codes[start // 2 : stop // 2] = _layouts.pack_fp4(slab_codes)
+        else:
+            codes[start:stop] = _layouts.pack_fp4(slab_codes)
 
     global_scale = None
     if nvfp4 is not None and nvfp4_global:

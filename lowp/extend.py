@@ -134,7 +134,7 @@ from lowp._schemes import (
 )
 from lowp._small_shapes import call_pays, layer_may_pay
 from lowp._small_shapes import describe as describe_small_shape
-from lowp.checkpoints._dequantize import ProducerPlan, producer_plan
+from lowp.checkpoints._dequantize import ProducerPlan, producer_plan, refuse_origin
 
 __all__ = [
     "DIM_NAMES",
@@ -178,6 +178,7 @@ __all__ = [
     "producer_plan",
     "quantize_grouped",
     "random_source",
+    "refuse_origin",
     "scale_format",
     "stored_scale_shape",
     "token_capacity",

@@ -5,8 +5,13 @@ SRC is a lowp file, a checkpoint directory or a file of a known dialect (anythin
 `lowp.checkpoints.DIALECTS`. `--quantize SCHEME` also quantizes SRC's float linear
 weights (rank 2, named *.weight) on the way, with the destination producer's own scale
 rule where lowp reproduces it (compressed-tensors), else with lowp's.
+
+`--to lowp` writes a checkpoint's quantized tensors as their codes and scales with
+lowp's own dequantization: a lowp file records no producer rule (`QTensor.origin`),
+so values may differ from the producer's in the last bit (docs/checkpoints.md).
 """
 
+import dataclasses
 import os
 
 import numpy as np
@@ -44,11 +49,17 @@ def convert(src, dst, target: str, quantize: "lowp.Scheme | None" = None) -> dic
     tensors = read(src)
     if quantize is not None:
         tensors = {name: _maybe_quantize(name, x, quantize, target) for name, x in tensors.items()}
-    if target == LOWP:
+    if target == LOWP:  # lowp's arithmetic, which a lowp file means (module docstring)
+        tensors = {name: _lowp_arithmetic(x) for name, x in tensors.items()}
         lowp.save(dst, tensors)
     else:
         lowp.checkpoints.save_checkpoint(dst, tensors, target, config=source_config(os.fspath(src)))
     return tensors
+
+
+def _lowp_arithmetic(x):
+    """x, a QTensor read from a checkpoint, without its producer's rule (`origin`)."""
+    return dataclasses.replace(x, origin=None) if isinstance(x, lowp.QTensor) else x
 
 
 def _maybe_quantize(name: str, x, scheme, target: str):

@@ -7,6 +7,8 @@ config's weight scheme holding the (out, in) = (N, K) transpose, quantized along
 (spec §8, §9): the layout the fp8 GEMM reads and the one every lowp frontend writes.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -165,7 +167,10 @@ def load_quantized(path, like, *, names=None, config=None):
     entry must be a kernel's and becomes a QArray (out, in), its bytes unchanged, so it
     dequantizes to the saved values bit for bit; a plain entry for a kernel is (out, in)
     in the file and is transposed back to flax's (in, out); other plain entries load as
-    they are. A file written by `lowp_torch.save_quantized` (weights (out, in) under
+    they are. A checkpoint directory of another tool (`lowp.load` reads it) loads the
+    same way: its codes and scales run with lowp's own arithmetic, not the producer's
+    dequantization rule (`QTensor.origin`), whose values may differ in the last bit
+    (`lowp_jax.dequantize_checkpoint` gives those). A file written by `lowp_torch.save_quantized` (weights (out, in) under
     torch's names) loads into the flax twin with the twin's `names`.
 
     The tree holds no activation scheme: the module that runs it does
@@ -200,7 +205,10 @@ def load_quantized(path, like, *, names=None, config=None):
                     f"{_describe(activation)}, config.activation is "
                     f"{_describe(config.activation)}"
                 )
-    stored = lowp.load(path)
+    stored = {  # lowp's arithmetic for a checkpoint's tensors (docstring)
+        name: dataclasses.replace(v, origin=None) if isinstance(v, lowp.QTensor) else v
+        for name, v in lowp.load(path).items()
+    }
     if config is not None:
         for name, value in stored.items():
             if isinstance(value, lowp.QTensor):

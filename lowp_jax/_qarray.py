@@ -251,6 +251,7 @@ def from_lowp(qt: lowp.QTensor) -> QArray:
     """A QArray holding exactly the bytes of the NumPy `lowp.QTensor` qt (on the default device)."""
     if not isinstance(qt, lowp.QTensor):
         raise TypeError(f"from_lowp takes a lowp.QTensor, got {type(qt).__name__}")
+    extend.refuse_origin(qt, "from_lowp", "lowp_jax.dequantize_checkpoint(q)")
     scale_fmt = extend.scale_format(qt.scheme)
     return QArray(
         codes=store(qt.codes, qt.scheme.fmt),

@@ -23,11 +23,19 @@ import lowp
 from lowp_jax import _bits, _qarray, _quantize
 
 
+def _check_shardable(scheme: lowp.Scheme, name: str) -> None:
+    """ValueError naming the array for a scheme this module does not quantize shard by
+    shard: NVFP4, whose global scale is the whole weight's amax."""
+    if scheme.family == "nvfp4":
+        raise ValueError(f"{name}: NVFP4's global scale is not gathered shard by shard yet")
+
+
 def quantize_shard(local, scheme: lowp.Scheme, axis_name: str, *, name: str = "weight"):
     """Inside `shard_map` over `axis_name`: this device's rows of a weight sharded along
     axis 0, quantized as the whole weight would be. Its codes (and row-group scales) are
     this shard's part of `lowp.quantize`'s; scales of groups that span shards are the
     whole weight's, the same on every device."""
+    _check_shardable(scheme, name)
     if local.ndim != 2:
         raise ValueError(f"{name}: a sharded weight must be 2-D, got shape {local.shape}")
     t0, t1 = scheme.tiles(2)
@@ -65,8 +73,7 @@ def all_gather_quantized(w, scheme: lowp.Scheme, mesh, axis: str, *, name: str =
     """`w` (N, K), sharded along N over `mesh`'s `axis`, quantized shard by shard and
     gathered as codes and scales: a QArray, replicated, with the bytes of
     `lowp_jax.quantize(w, scheme)`."""
-    if scheme.family == "nvfp4":
-        raise ValueError(f"{name}: NVFP4's global scale is not gathered shard by shard yet")
+    _check_shardable(scheme, name)
 
     def per_device(local):
         return quantize_gathered(local, scheme, axis, name=name)

@@ -47,6 +47,7 @@ def from_lowp(qt: lowp.QTensor, device=None) -> _qtensor.QuantizedTensor:
     """
     if not isinstance(qt, lowp.QTensor):
         raise TypeError(f"from_lowp takes a lowp.QTensor, got {type(qt).__name__}")
+    extend.refuse_origin(qt, "from_lowp", "lowp_torch.dequantize_checkpoint(q)")
     fmt = qt.scheme.fmt
     codes = _storage.as_stored(_device(qt.codes, device), _storage.CODE_DTYPES[fmt])
     scale_dtype = _storage.SCALE_DTYPES[extend.scale_format(qt.scheme)]

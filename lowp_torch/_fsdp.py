@@ -235,9 +235,51 @@ class GatheredWeight(torch.Tensor):
         """(b of the forward, what the dgrad's w.T takes of w): `_training.forward_operands`'s
         answer for this weight, from the gathered codes."""
         gathered = _qtensor.scheme_of(self.forward)
-        if forward_b.scheme != gathered:
-            raise ValueError(f"gathered codes are {gathered}, the forward wants {forward_b.scheme}")
+        if forward_b.scheme != gathered or not forward_b.plain:
+            raise ValueError(
+                f"gathered codes are {gathered} with nearest rounding and no transform; the "
+                f"forward wants {forward_b.scheme} with {forward_b.rounding} rounding"
+                + (" and the Hadamard transform" if forward_b.hadamard else "")
+            )
         return self.forward, self.dgrad
+
+
+def _check_gatherable(plan, name: str) -> None:
+    """ValueError naming layer `name` unless each w operand of `plan` can be made from
+    shards quantized alone and gathered: nearest rounding, no Hadamard transform (the
+    shards are quantized with neither), no global scale (the whole w's amax), and a
+    quantized dgrad whose w.T reuses the forward's codes or is made along w's first axis."""
+    dgrad = plan.transposed_operand("w")
+    for operand in (plan.forward.b, dgrad):
+        if operand is None:
+            continue
+        if not operand.plain:
+            how = (
+                "the random Hadamard transform"
+                if operand.hadamard
+                else f"{operand.rounding} rounding"
+            )
+            raise ValueError(
+                f"{name}: recipe {plan.recipe.name} quantizes {operand.role}'s {operand.name} with "
+                f"{how}; a quantized all-gather quantizes each shard with nearest rounding "
+                "and no transform"
+            )
+        if getattr(operand.scheme, "global_scale", False):
+            raise ValueError(
+                f"{name}: recipe {plan.recipe.name} quantizes {operand.role}'s {operand.name} "
+                f"with {operand.scheme}, whose global scale is the whole w's amax; a "
+                "quantized all-gather quantizes each shard alone"
+            )
+    if dgrad is None:
+        raise ValueError(
+            f"{name}: recipe {plan.recipe.name} needs w in high precision for its dgrad; "
+            "a quantized all-gather cannot give it"
+        )
+    if not dgrad.reuses_codes and dgrad.along_first_axis is None:
+        raise ValueError(
+            f"{name}: recipe {plan.recipe.name}'s dgrad reads w.T as {dgrad.scheme}, which "
+            "cannot be quantized along w's first axis from the gathered shards"
+        )
 
 
 def fsdp_quantized_all_gather(model: nn.Module) -> nn.Module:
@@ -245,19 +287,15 @@ def fsdp_quantized_all_gather(model: nn.Module) -> nn.Module:
     `fully_shard` all-gathers it as the recipe's codes and scales; call it before
     `fully_shard`. The values, the state_dict keys and an optimizer's view are unchanged.
 
-    Raises ValueError naming the layer for a recipe whose dgrad cannot be made from
-    gathered codes (high-precision dgrad, fp4 along the first axis) or that accumulates
+    Raises ValueError naming the layer for a recipe whose w operands cannot be made from
+    gathered codes (stochastic rounding, the Hadamard transform, a global scale,
+    high-precision dgrad, fp4 along the first axis) or that accumulates
     weight gradients in `main_grad`, which FSDP2 does not reduce-scatter."""
     for name, module in model.named_modules():
         if not isinstance(module, _training_linear.Linear):
             continue
         plan, weight = module.plan, module.weight
-        dgrad = plan.transposed_operand("w")
-        if dgrad is None or (not dgrad.reuses_codes and dgrad.along_first_axis is None):
-            raise ValueError(
-                f"{name}: recipe {plan.recipe.name} needs w in high precision for its dgrad; "
-                "a quantized all-gather cannot give it"
-            )
+        _check_gatherable(plan, name)
         if plan.recipe.fp32_weight_grad_accumulation:  # main_grad would miss the reduce-scatter
             raise ValueError(
                 f"{name}: fp32_weight_grad_accumulation is not supported with FSDP2's "

@@ -4,6 +4,8 @@ inference form; `save_quantized` / `load_quantized`: the model's state through
 lowp's interchange file.
 """
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import torch
@@ -213,7 +215,10 @@ def load_quantized(
 
     Each QTensor entry must name an nn.Linear weight; it replaces that weight with the
     stored codes and scales, bytes unchanged, so its dequantized values are the saved
-    ones bit for bit. Plain arrays are copied into the parameters and buffers of the
+    ones bit for bit. A checkpoint directory of another tool (`lowp.load` reads it) loads
+    the same way: its codes and scales run with lowp's own arithmetic, not the producer's
+    dequantization rule (`QTensor.origin`), whose values may differ in the last bit
+    (`lowp_torch.dequantize_checkpoint` gives those). Plain arrays are copied into the parameters and buffers of the
     same name (dtype and shape must match). The file and the model must hold the same
     names.
 
@@ -287,6 +292,7 @@ def load_quantized(
                         f"load_quantized: {name!r}: activation {activation}: {e}"
                     ) from e
             linear = _config.LinearConfig(activation, kernel, fast_accum, pad_to_16, strict, name)
+            value = dataclasses.replace(value, origin=None)  # lowp's arithmetic (docstring)
             q = _qtensor.replace(_convert.from_lowp(value, device=target.device), linear=linear)
             weights.append((module, q))
         else:

@@ -12,6 +12,11 @@ unsharded layer gives it:
   - an operand split along its other dim needs groups that do not span it: rows,
     blocks; not one tensor-wide scale.
 
+An operand is quantized shard by shard only where it is `plain` (nearest rounding, no
+Hadamard transform: stochastic rounding's bits and its data offset are drawn by the
+whole tensor's element index) and its scheme keeps no global scale (NVFP4's: the whole
+tensor's amax).
+
 Anything else (tensorwise: one amax over the whole tensor; rowwise under either
 split: the row or column amax spans shards) is refused naming the layer, the split,
 the per-rank size and the group, never run with different bytes. The partial products
@@ -40,6 +45,7 @@ def check_split(plan, split: str, size: int, ranks: int, name: str) -> None:
         for operand in () if gemm is None else (gemm.a, gemm.b):
             if split not in operand.dims:
                 continue
+            _check_local(operand, gemm.name, where)
             tile = operand.scheme.tiles(2)[operand.dims.index(split)]
             if tile is None or local % tile:
                 group = "the whole dim" if tile is None else f"blocks of {tile}"
@@ -50,6 +56,26 @@ def check_split(plan, split: str, size: int, ranks: int, name: str) -> None:
                     "Use an MX recipe whose blocks divide the per-rank size, or leave "
                     "the layer out of the plan"
                 )
+
+
+def _check_local(operand, gemm: str, where: str) -> None:
+    """ValueError unless a shard of `operand` quantizes to its part of the whole
+    operand's bytes: nearest rounding, no transform, no global scale."""
+    if not operand.plain:
+        how = (
+            "the random Hadamard transform" if operand.hadamard else f"{operand.rounding} rounding"
+        )
+        raise ValueError(
+            f"{where}: the {gemm} GEMM's {operand.name} uses {how}, whose bits depend on the "
+            "whole tensor's element indices; a shard cannot give the unsharded bytes. "
+            "Leave the layer out of the plan"
+        )
+    if getattr(operand.scheme, "global_scale", False):
+        raise ValueError(
+            f"{where}: the {gemm} GEMM's {operand.name} under {operand.scheme} keeps a global "
+            "scale, the whole tensor's amax, which a shard does not hold. Leave the layer "
+            "out of the plan"
+        )
 
 
 def forward(layer, x) -> DTensor:

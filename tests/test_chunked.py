@@ -192,3 +192,31 @@ def test_a_signalling_nan_poisons_its_group_as_a_quiet_one(scheme, hp_dtype):
     whole = isinstance(scheme, lowp.TensorScaling) or getattr(scheme, "global_scale", False)
     nan = np.isnan(lowp.dequantize(signalling, "float32"))
     assert nan[1, :16].all() and nan[0].all() == whole and nan[0].any() == whole
+
+
+FP4_SCHEMES_1D = [
+    lowp.NVFP4Scaling(),
+    lowp.NVFP4Scaling(block=8, global_scale=False),
+    lowp.MXScaling("float4_e2m1fn"),
+    lowp.GroupScaling("float4_e2m1fn", block=5),  # odd groups: slabs must still cut whole bytes
+    lowp.TensorScaling("float4_e2m1fn"),
+]
+
+
+@pytest.mark.parametrize("scheme", FP4_SCHEMES_1D, ids=str)
+@pytest.mark.parametrize("rounding", ["nearest", "seed"])
+def test_a_1d_fp4_input_gives_the_same_bytes_at_every_slab_size(scheme, rounding):
+    """Packed codes hold two elements a byte along the one axis the slabs cut."""
+    x = _input((320,), np.float32, 0)
+    kwargs: dict = {"rounding": "stochastic", "seed": 7} if rounding == "seed" else {}
+    whole = _bytes(lowp.quantize(x, scheme, **kwargs, chunk_elements=1 << 30))
+    for chunk in (1, 5, 16, 32, 33, 47, 100):
+        assert _bytes(lowp.quantize(x, scheme, **kwargs, chunk_elements=chunk)) == whole
+
+
+def test_a_1d_fp4_input_larger_than_the_default_chunk_quantizes():
+    x = np.ones(1 << 21, np.float32)
+    for scheme in (lowp.NVFP4Scaling(), lowp.MXScaling("float4_e2m1fn")):
+        q = lowp.quantize(x, scheme)
+        assert q.codes.shape == (1 << 20,)
+        assert _bytes(q) == _bytes(lowp.quantize(x, scheme, chunk_elements=1 << 30))

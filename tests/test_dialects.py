@@ -752,3 +752,34 @@ def test_minilm_bert_quantized_with_quantize_exports_to_each_dialect(tmp_path, p
             np.testing.assert_array_equal(
                 lowp.dequantize(theirs, "float32"), lowp.dequantize(ours), err_msg=name
             )
+
+
+def test_a_checkpoint_tensor_is_not_stripped_of_its_producer_rule_silently(tmp_path):
+    """Saving it, or moving it to a frontend, would drop `origin` and with it the
+    producer's values: refused, naming both ways out."""
+    import lowp_torch
+
+    w = _numpy(_weights((32, 64), seed=8, dtype=torch.float32))
+    checkpoints.save_checkpoint(
+        tmp_path / "mo", {"fc.weight": lowp.quantize(w, lowp.NVFP4Scaling())}, "modelopt"
+    )
+    q = lowp.load(tmp_path / "mo")["fc.weight"]
+    assert q.origin is not None
+    ways_out = r"modelopt checkpoint.*dataclasses.replace\(q, origin=None\).*or {}"
+    with pytest.raises(
+        ValueError, match="save: tensor 'w': .*" + ways_out.format(r"lowp.dequantize")
+    ):
+        lowp.save(tmp_path / "x.safetensors", {"w": q})
+    with pytest.raises(ValueError, match=ways_out.format("lowp_torch.dequantize_checkpoint")):
+        lowp_torch.from_lowp(q)
+    plain = dataclasses.replace(q, origin=None)
+    lowp.save(tmp_path / "x.safetensors", {"w": plain})
+    np.testing.assert_array_equal(lowp.load(tmp_path / "x.safetensors")["w"].codes, q.codes)
+    assert lowp_torch.from_lowp(plain).shape == q.shape
+
+    pytest.importorskip("jax")
+    import lowp_jax
+
+    with pytest.raises(ValueError, match=ways_out.format("lowp_jax.dequantize_checkpoint")):
+        lowp_jax.from_lowp(q)
+    assert lowp_jax.from_lowp(plain).shape == q.shape

@@ -916,6 +916,22 @@ def test_a_changed_data_byte_is_refused_naming_the_tensor(q_file):
     assert lowp.load(q_file, verify=False)["w"].shape == (4, 64)  # the flag skips the check
 
 
+def test_verify_reaches_the_shards_of_a_checkpoint_directory(tmp_path):
+    """`lowp.load(directory, verify=...)` passes the flag to each of lowp's own shards."""
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    w = np.linspace(-3, 3, 4 * 64, dtype=np.float32).reshape(4, 64)
+    lowp.save(directory / "a.safetensors", {"w": lowp.quantize(w, lowp.MXScaling())})
+    lowp.save(directory / "b.safetensors", {"b": np.arange(8, dtype=np.float32)})
+    _flip_data_byte(directory / "a.safetensors")
+    with pytest.raises(ValueError, match=r"a\.safetensors: tensor 'w\.scale': its bytes"):
+        lowp.load(directory)
+    with pytest.raises(ValueError, match=r"a\.safetensors: tensor 'w\.scale': its bytes"):
+        lowp.load(directory, verify=True)
+    loaded = lowp.load(directory, verify=False)
+    assert sorted(loaded) == ["b", "w"] and loaded["w"].shape == (4, 64)
+
+
 def test_a_changed_plain_tensor_or_header_field_is_refused(tmp_path):
     path = tmp_path / "x.safetensors"
     lowp.save(path, {"a": np.arange(8, dtype=np.float32), "b": np.ones((2, 4), np.int8)})

@@ -112,3 +112,18 @@ def producer_dequantize(q: _qtensor.QTensor, out_dtype: str | None = None) -> np
     with np.errstate(over="ignore", invalid="ignore"):
         product = np.multiply(plan.table[codes], multiplier, dtype=np.float32)
         return product.astype(_OUT_DTYPES[plan.mid_dtype]).astype(_OUT_DTYPES[plan.out_dtype])
+
+
+def refuse_origin(q: _qtensor.QTensor, what: str, producer_values: str) -> None:
+    """ValueError where `q` was read from another tool's checkpoint (its `origin` set):
+    `what` (saving it, moving it to a frontend) would drop the producer's dequantization
+    rule and with it the values `lowp.dequantize(q)` gives. `producer_values` names the
+    call that gives those values where `what` happens."""
+    if q.origin is None:
+        return
+    raise ValueError(
+        f"{what}: the QTensor was read from a {q.origin.dialect} checkpoint; its values are "
+        "that producer's dequantization, which lowp's own arithmetic does not always give "
+        "(origin would be dropped). Pass dataclasses.replace(q, origin=None) to take lowp's "
+        f"arithmetic, or {producer_values} for the producer's values"
+    )

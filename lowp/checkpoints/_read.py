@@ -85,8 +85,13 @@ def checkpoint_activations(path: str | os.PathLike) -> dict:
     return activations
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, "_qtensor.QTensor | np.ndarray"]:
+def load_checkpoint(
+    path: str | os.PathLike, *, verify: bool = True
+) -> dict[str, "_qtensor.QTensor | np.ndarray"]:
     """Read checkpoint `path` (a directory, sharded or not, or one safetensors file).
+
+    `verify` is `lowp.load`'s, for shards that are lowp's own files (other tools'
+    record no checksums).
 
     Returns:
       logical name -> QTensor (with `origin` saying the dialect and the stored names)
@@ -104,7 +109,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, "_qtensor.QTensor | np
     loaded: dict[str, _qtensor.QTensor | np.ndarray] = {}
     if dialect is None:  # lowp's own files, or plain arrays: each shard as `lowp.load` reads it
         for shard in paths:
-            contents = _interchange.load(shard)
+            contents = _interchange.load(shard, verify=verify)
             clashes = sorted(set(contents) & set(loaded))
             if clashes:
                 raise ValueError(f"{shard}: tensor {clashes[0]!r} is also in another shard")

@@ -1,7 +1,12 @@
 """A weight sharded over four host devices, quantized shard by shard and all-gathered as
 codes and scales (lowp_jax._sharding), is `lowp.quantize`'s of the whole weight."""
 
+import jax.numpy as jnp
+import pytest
 from host_devices import run_on_four_cpu_devices
+
+import lowp
+from lowp_jax import _sharding
 
 SCRIPT = """
 import jax, jax.numpy as jnp, numpy as np, lowp, lowp_jax
@@ -47,3 +52,10 @@ else:
 def test_gathered_codes_are_the_unsharded_quantize_on_four_devices():
     out = run_on_four_cpu_devices(SCRIPT)
     assert out.count("equal") == 10 and "refused" in out, out
+
+
+@pytest.mark.parametrize("quantize", [_sharding.quantize_shard, _sharding.quantize_gathered])
+def test_nvfp4_is_refused_shard_by_shard(quantize):
+    """NVFP4's global scale is the whole weight's amax, which one shard does not hold."""
+    with pytest.raises(ValueError, match="fc1: NVFP4's global scale is not gathered"):
+        quantize(jnp.zeros((16, 64), jnp.float32), lowp.NVFP4Scaling(), "fsdp", name="fc1")

@@ -121,6 +121,29 @@ def test_main_grad_accumulation_is_refused():
         _fsdp.fsdp_quantized_all_gather(model)
 
 
+def test_a_w_operand_a_shard_cannot_quantize_alone_is_refused():
+    """The gather quantizes each shard with nearest rounding, no transform, no global
+    scale: a recipe whose w operands want otherwise is refused for its real cause."""
+    model = lowp_torch.convert_to_training(nn.Sequential(nn.Linear(K, N)), "nvfp4")
+    with pytest.raises(ValueError, match=r"0: recipe nvfp4 .*global scale is the whole w's amax"):
+        _fsdp.fsdp_quantized_all_gather(model)
+    mx = lowp.Recipe.from_name("mxfp8")
+    for forward, cause in (
+        (dataclasses.replace(mx.forward, b_rounding="stochastic"), "stochastic rounding"),
+        (dataclasses.replace(mx.forward, hadamard=True), "the random Hadamard transform"),
+    ):
+        recipe = dataclasses.replace(mx, forward=forward)
+        model = lowp_torch.convert_to_training(nn.Sequential(nn.Linear(K, N)), recipe)
+        with pytest.raises(
+            ValueError, match=rf"0: recipe mxfp8 quantizes forward.b's w with {cause}"
+        ):
+            _fsdp.fsdp_quantized_all_gather(model)
+    hp_dgrad = dataclasses.replace(mx, dgrad=lowp.GemmSpec(None, None))
+    model = lowp_torch.convert_to_training(nn.Sequential(nn.Linear(K, N)), hp_dgrad)
+    with pytest.raises(ValueError, match="0: recipe mxfp8 needs w in high precision for its dgrad"):
+        _fsdp.fsdp_quantized_all_gather(model)
+
+
 def test_a_shard_that_splits_an_mx_block_is_refused():
     scheme = lowp.MXScaling("float8_e4m3fn", axis=-2)
     with pytest.raises(ValueError, match=r"fc1: a shard of 16 rows .* 32-row blocks"):

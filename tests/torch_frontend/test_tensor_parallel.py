@@ -2,6 +2,8 @@
 two CPU processes talking gloo: each rank's GEMMs get the unsharded layer's bytes, and a
 split that would cut a quantization group is refused."""
 
+import dataclasses
+
 import pytest
 import torch
 from test_fsdp import spawn
@@ -85,3 +87,25 @@ def test_a_split_that_cuts_a_block_is_refused():
     _tensor_parallel.check_split(
         extend.LinearPlan.of(lowp.Recipe.from_name("mxfp8")), "K", 128, 2, "fc1"
     )
+
+
+def test_an_operand_a_shard_cannot_quantize_alone_is_refused():
+    """A global scale (the whole tensor's amax), stochastic rounding and the Hadamard
+    transform (bits by the whole tensor's element index) all depend on more than a shard."""
+    nvfp4 = extend.LinearPlan.of(lowp.Recipe.from_name("nvfp4"))
+    with pytest.raises(ValueError, match=r"fc1: RowwiseParallel .*forward GEMM's x .*global scale"):
+        _tensor_parallel.check_split(nvfp4, "K", 128, 2, "fc1")
+    with pytest.raises(ValueError, match=r"fc1: ColwiseParallel .*global scale"):
+        _tensor_parallel.check_split(nvfp4, "N", 128, 2, "fc1")
+    mx = lowp.Recipe.from_name("mxfp8")
+    stochastic = dataclasses.replace(
+        mx, dgrad=dataclasses.replace(mx.dgrad, a_rounding="stochastic")
+    )
+    with pytest.raises(ValueError, match=r"fc1: ColwiseParallel .*dgrad GEMM's g uses stochastic"):
+        _tensor_parallel.check_split(extend.LinearPlan.of(stochastic), "N", 128, 2, "fc1")
+    hadamard = dataclasses.replace(mx, wgrad=dataclasses.replace(mx.wgrad, hadamard=True))
+    with pytest.raises(
+        ValueError, match=r"fc1: ColwiseParallel .*wgrad GEMM's g.T uses the random Hadamard"
+    ):
+        _tensor_parallel.check_split(extend.LinearPlan.of(hadamard), "N", 128, 2, "fc1")
+    _tensor_parallel.check_split(extend.LinearPlan.of(stochastic), "K", 128, 2, "fc1")  # g whole
