@@ -194,6 +194,9 @@ def _constant(value) -> str:
 def _entry(qualname: str, obj) -> list[str]:
     kind = _kind(obj)
     lines = [f"## `{qualname}`", ""]
+    if inspect.ismodule(obj):  # a public subpackage has its own page
+        page = f"{obj.__name__}.md"
+        return [*lines, f"*module*: its own page, [`{obj.__name__}`]({page}).", ""]
     if kind == "constant":
         return [*lines, _constant(obj), ""]
     if kind == "type alias":

@@ -49,6 +49,7 @@ else:
 """
 
 
+@pytest.mark.slow  # processes spawned: seconds each
 def test_gathered_codes_are_the_unsharded_quantize_on_four_devices():
     out = run_on_four_cpu_devices(SCRIPT)
     assert out.count("equal") == 10 and "refused" in out, out

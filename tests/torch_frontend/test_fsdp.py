@@ -103,6 +103,7 @@ def _check_gathered(results):
                 np.testing.assert_array_equal(got[1], scale, err_msg=recipe)
 
 
+@pytest.mark.slow  # processes spawned: seconds each
 def test_gathered_bytes_are_the_full_weights_quantize():
     _check_gathered(spawn(_gathered_worker, 2, RECIPES))
 
@@ -270,6 +271,7 @@ def _gather_bytes_worker(rank, ranks, recipes):
     return out
 
 
+@pytest.mark.slow  # processes spawned: seconds each
 def test_fp8_all_gather_sends_about_half_of_bf16():
     recipes = [None, *RECIPES]
     sent = spawn(_gather_bytes_worker, 2, recipes)[0]

@@ -59,6 +59,7 @@ def _one_process():
     return {"y": y.detach(), "dx": x.grad, "dw": layer.weight.grad, "db": layer.bias.grad}
 
 
+@pytest.mark.slow  # processes spawned: seconds each
 @pytest.mark.parametrize("style", ["colwise", "rowwise"])
 def test_mxfp8_tensor_parallel_matches_one_device(style):
     got = spawn(_tp_worker, 2, style)
