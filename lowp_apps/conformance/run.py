@@ -87,19 +87,8 @@ def run_backend(backend, size: str, progress=None) -> BackendRun:
     for n, config in enumerate(configurations):
         cell = cells[config.kind]
         for edge, x in cases.inputs(config):
-            cell.cases += 1
-            try:
-                problems = check(backend, config, x)
-            except Exception as err:  # noqa: BLE001 - a crash is a failed case, reported
-                cell.errors += 1
-                record = {"error": f"{type(err).__name__}: {err}"[:2000]}
-            else:
-                if not problems:
-                    continue
-                cell.mismatches += 1
-                record = {"problems": problems}
-            if len(failures) < MAX_RECORDED:
-                failures.append({"configuration": config.id, "edge_case": edge, **record})
+            where = {"configuration": config.id, "edge_case": edge}
+            _run_case(cell, failures, lambda config=config, x=x: check(backend, config, x), where)
         if progress is not None:
             progress(n + 1, len(configurations))
     _run_grouped(backend, plan, cells["grouped"], failures)
@@ -109,18 +98,28 @@ def run_backend(backend, size: str, progress=None) -> BackendRun:
 def _run_grouped(backend, plan: str, cell: Cell, failures: list) -> None:
     """The grouped operands of MoE GEMMs (`grouped`): one case a routing and recipe."""
     for case, recipe in grouped.cases(plan):
-        cell.cases += 1
-        try:
-            problems = grouped.check(backend, case, recipe)
-        except Exception as err:  # noqa: BLE001 - a crash is a failed case, reported
-            cell.errors += 1
-            record = {"error": f"{type(err).__name__}: {err}"[:2000]}
-        else:
-            if not problems:
-                continue
-            cell.mismatches += 1
-            record = {"problems": problems}
-        if len(failures) < MAX_RECORDED:
-            failures.append(
-                {"configuration": f"grouped {recipe}", "edge_case": case.name, **record}
-            )
+        where = {"configuration": f"grouped {recipe}", "edge_case": case.name}
+        _run_case(
+            cell,
+            failures,
+            lambda case=case, recipe=recipe: grouped.check(backend, case, recipe),
+            where,
+        )
+
+
+def _run_case(cell: Cell, failures: list, check, where: dict) -> None:
+    """One case into its cell: `check()` returns its problems (empty if none); a
+    mismatch or a crash is counted, and the first MAX_RECORDED are kept with `where`."""
+    cell.cases += 1
+    try:
+        problems = check()
+    except Exception as err:  # noqa: BLE001 - a crash is a failed case, reported
+        cell.errors += 1
+        record = {"error": f"{type(err).__name__}: {err}"[:2000]}
+    else:
+        if not problems:
+            return
+        cell.mismatches += 1
+        record = {"problems": problems}
+    if len(failures) < MAX_RECORDED:
+        failures.append({**where, **record})
