@@ -11,7 +11,6 @@ their codes are built from the float32 bits by that port of `lowp.encode`,
 and their values decoded the same way.
 """
 
-import functools
 import itertools
 
 import numpy as np
@@ -73,7 +72,6 @@ def encode(v: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     return code.to(torch.uint8)
 
 
-@functools.cache
 def _midpoint_keys(fmt: lowp.Format) -> tuple[int, ...]:
     """For each pair of neighbouring magnitudes of `fmt`, the float32 pattern a |v|
     pattern must exceed to round up: their midpoint's, less one where the tie goes up
@@ -96,7 +94,7 @@ def _encode_by_midpoints(v: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     b = _bits.bits(v)
     magnitude_bits = b & _bits.ABS
     passed = torch.zeros_like(b)
-    for key in _midpoint_keys(fmt):
+    for key in _MIDPOINT_KEYS[fmt.name]:
         passed = passed + _bits.negative_mask(key - magnitude_bits)  # -1 where |v| > key
     sign = (b >> 31) & 1
     return ((sign << (fmt.ebits + fmt.mbits)) | -passed).to(torch.uint8)
@@ -155,3 +153,12 @@ def decode_fp4_packed(packed: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
             _FP4_PAIR_TABLES[packed.device] = table
     pairs = table[packed.to(torch.int64)]  # (..., K/2, 2)
     return pairs.reshape(tuple(packed.shape[:-1]) + (packed.shape[-1] * 2,))
+
+
+# Computed when the module loads, not when `encode` first runs: under torch.compile that
+# first run is traced, and the keys come from a float tensor's `tolist()`.
+_MIDPOINT_KEYS = {
+    name: _midpoint_keys(fmt)
+    for name, fmt in lowp.ELEMENT_FORMATS.items()
+    if fmt.ebits + fmt.mbits <= 3
+}

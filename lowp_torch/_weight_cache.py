@@ -61,9 +61,9 @@ def dequantized(w: _qtensor.QuantizedTensor, out_dtype: torch.dtype) -> torch.Te
     """
     parts = [w.codes, w.scale] + ([] if w.global_scale is None else [w.global_scale])
     if (
-        not _ENABLED.get()
+        _storage.traced(w)  # first: torch.compile cannot trace the ContextVar
+        or not _ENABLED.get()
         or w.device.type != "cpu"
-        or _storage.traced(w)
         or _qtensor.linear_of(w) is None
         or any(t.is_inference() for t in (w, *parts))
     ):
