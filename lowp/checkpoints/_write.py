@@ -13,7 +13,7 @@ import os
 import ml_dtypes
 import numpy as np
 
-from lowp import _interchange, _qtensor, _schemes
+from lowp import _qtensor, _safetensors, _schemes
 from lowp.checkpoints import _files, _origin, _torchao
 
 _E4M3 = ml_dtypes.float8_e4m3fn
@@ -69,7 +69,7 @@ def save_checkpoint(
     metadata = {"format": "pt"}
     if dialect == _origin.TORCHAO:
         metadata.update(_torchao_metadata(tensors))
-    _interchange._write_safetensors(os.path.join(directory, _files.SINGLE), arrays, metadata)
+    _safetensors.write(os.path.join(directory, _files.SINGLE), arrays, metadata)
     _write_json(os.path.join(directory, _files.CONFIG), full_config)
     if dialect == _origin.MODELOPT:
         quant = {"quant_algo": full_config["quantization_config"]["quant_algo"]}
@@ -83,7 +83,7 @@ def save_checkpoint(
 
 def _write_json(path: str, doc: dict) -> None:
     text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
-    _interchange._atomic_write(path, [text.encode("utf-8")])
+    _safetensors.atomic_write(path, [text.encode("utf-8")])
 
 
 def _float_scale(q: _qtensor.QTensor) -> np.ndarray:
