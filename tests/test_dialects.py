@@ -573,6 +573,7 @@ def test_quantize_like_modelopt_fp8_gives_its_exporter_bytes(tmp_path, granulari
     pytest.importorskip("modelopt")
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export.unified_export_hf import _export_quantized_weight
+    from modelopt.torch.quantization.qtensor.fp8_tensor import FP8QTensor
 
     hp_dtype = getattr(torch, hp)
     weight = _weights((64, 256), seed=15, dtype=hp_dtype)
@@ -599,6 +600,10 @@ def test_quantize_like_modelopt_fp8_gives_its_exporter_bytes(tmp_path, granulari
     assert loaded.scheme == scheme
     np.testing.assert_array_equal(loaded.codes, q.codes)
     np.testing.assert_array_equal(loaded.scale, q.scale)
+    # ModelOpt's own fp8 dequantization, its (out,) per-channel scale as (out, 1)
+    rows = scale.reshape(-1, 1) if scale.ndim == 1 else scale
+    reference = FP8QTensor(codes.shape, hp_dtype, codes).dequantize(dtype=hp_dtype, scale=rows)
+    _assert_every_backend(loaded, reference)
     checkpoints.save_checkpoint(tmp_path / "ours", {"fc.weight": q}, "modelopt")
     ours = _stored(tmp_path / "ours")
     for name, tensor in stored.items():
@@ -627,6 +632,7 @@ def test_a_compressed_tensors_file_is_written_back_byte_for_byte(tmp_path, case)
 @pytest.mark.parametrize(
     "scheme",
     [
+        lowp.TensorScaling(),
         lowp.GroupScaling(block=32),
         lowp.AxisScaling(axis=-1),
         lowp.BlockScaling(block=(128, 128)),
@@ -771,14 +777,15 @@ def test_hf_fp8_and_gpt_oss_files_lowp_writes_dequantize_in_transformers_to_lowp
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
     w = _numpy(_weights((256, 384), seed=10, dtype=torch.float32))
-    q = lowp.quantize(w, lowp.BlockScaling(block=(128, 128)))
-    checkpoints.save_checkpoint(tmp_path / "fp8", {"fc.weight": q}, "hf-fp8")
-    assert checkpoints.detect(tmp_path / "fp8") == "hf-fp8"
-    stored = _stored(tmp_path / "fp8")
-    theirs = Fp8Dequantize(None)._dequantize_one(
-        stored["fc.weight"], stored["fc.weight_scale_inv"], torch.float32
-    )
-    np.testing.assert_array_equal(theirs.numpy(), lowp.dequantize(q))
+    for pow2 in (False, True):  # scale_fmt absent, and "ue8m0"
+        q = lowp.quantize(w, lowp.BlockScaling(block=(128, 128), pow2=pow2))
+        checkpoints.save_checkpoint(tmp_path / f"fp8-{pow2}", {"fc.weight": q}, "hf-fp8")
+        assert checkpoints.detect(tmp_path / f"fp8-{pow2}") == "hf-fp8"
+        stored = _stored(tmp_path / f"fp8-{pow2}")
+        theirs = Fp8Dequantize(None)._dequantize_one(
+            stored["fc.weight"], stored["fc.weight_scale_inv"], torch.float32
+        )
+        np.testing.assert_array_equal(theirs.numpy(), lowp.dequantize(q))
 
     experts = _numpy(_weights((2, 8, 64), seed=11, dtype=torch.float32).reshape(2, 8, 64))
     q = lowp.quantize(experts, lowp.MXScaling(fmt="float4_e2m1fn"))
@@ -812,13 +819,18 @@ def test_modelopt_files_lowp_writes_dequantize_in_modelopt_to_lowp_values(tmp_pa
         theirs.numpy(), lowp.dequantize(q4)
     )  # ModelOpt's zero is +0: == not bits
 
-    q8 = lowp.quantize(w, lowp.TensorScaling())
-    checkpoints.save_checkpoint(tmp_path / "mo8", {"fc.weight": q8}, "modelopt")
-    s = _stored(tmp_path / "mo8")
-    theirs = FP8QTensor(torch.Size(w.shape), torch.float32, s["fc.weight"]).dequantize(
-        dtype=torch.float32, scale=s["fc.weight_scale"]
-    )
-    np.testing.assert_array_equal(_bits(theirs), _bits(lowp.dequantize(q8)))
+    for scheme in (lowp.TensorScaling(), lowp.AxisScaling(axis=-1)):
+        q8 = lowp.quantize(w, scheme)
+        checkpoints.save_checkpoint(tmp_path / "mo8", {"fc.weight": q8}, "modelopt")
+        s = _stored(tmp_path / "mo8")
+        # ModelOpt's fp8 dequantization broadcasts the scale: its exporter's (out,) per-
+        # channel scale multiplies rows as (out, 1), as vLLM and TensorRT-LLM read it
+        scale = s["fc.weight_scale"]
+        scale = scale.reshape(-1, 1) if scale.ndim == 1 else scale
+        theirs = FP8QTensor(torch.Size(w.shape), torch.float32, s["fc.weight"]).dequantize(
+            dtype=torch.float32, scale=scale
+        )
+        np.testing.assert_array_equal(_bits(theirs), _bits(lowp.dequantize(q8)))
 
 
 # --- torchao's safetensors format ---
@@ -857,6 +869,52 @@ def test_torchao_float8_files_read_and_write_as_torchao_does(tmp_path, granulari
     rebuilt, leftover = unflatten_tensor_state_dict(_stored(tmp_path / "again"), again_metadata)
     assert not leftover
     np.testing.assert_array_equal(_bits(rebuilt["fc.weight"].dequantize()), _bits(t.dequantize()))
+
+
+_TORCHAO_GRANULARITIES = {
+    "PerTensor": ((), lowp.TensorScaling()),
+    "PerRow": ((), lowp.AxisScaling(axis=-1)),
+    "PerGroup": ((32,), lowp.GroupScaling(block=32)),
+    "PerBlock": (((128, 128),), lowp.BlockScaling(block=(128, 128))),
+}
+
+
+@pytest.mark.parametrize("granularity", sorted(_TORCHAO_GRANULARITIES))
+@pytest.mark.parametrize("hp", ["bfloat16", "float32"])
+def test_quantize_like_torchao_gives_float8tensor_bytes(tmp_path, granularity, hp):
+    pytest.importorskip("torchao")
+    from torchao.quantization import granularity as granularities
+    from torchao.quantization.quantize_.workflows.float8.float8_tensor import Float8Tensor
+
+    args, scheme = _TORCHAO_GRANULARITIES[granularity]
+    w = _weights((256, 384), seed=18, dtype=getattr(torch, hp))
+    t = Float8Tensor.from_hp(w, granularity=getattr(granularities, granularity)(*args))
+    q = checkpoints.quantize_like(_numpy(w), scheme, "torchao")
+    np.testing.assert_array_equal(q.codes, _bits(t.qdata))
+    np.testing.assert_array_equal(q.scale.reshape(-1), t.scale.numpy().reshape(-1))
+    # lowp's own rule is not torchao's: the scale rounds to hp first (bf16), or multiplies
+    # by a reciprocal where torchao divides (float32)
+    mine = lowp.quantize(_numpy(w), scheme)
+    assert not (np.array_equal(mine.codes, q.codes) and np.array_equal(mine.scale, q.scale))
+
+
+def test_lowp_quantized_weights_written_as_torchao_load_in_torchao(tmp_path):
+    pytest.importorskip("torchao")
+    from safetensors import safe_open
+    from torchao.prototype.safetensors.safetensors_support import unflatten_tensor_state_dict
+
+    w = _numpy(_weights((256, 384), seed=19, dtype=torch.float32))
+    tensors = {
+        f"fc{i}.weight": lowp.quantize(w, scheme)
+        for i, (_, scheme) in enumerate(_TORCHAO_GRANULARITIES.values())
+    }
+    checkpoints.save_checkpoint(tmp_path / "ao", tensors, "torchao")
+    with safe_open(str(tmp_path / "ao" / "model.safetensors"), "pt") as f:
+        metadata = f.metadata()
+    rebuilt, leftover = unflatten_tensor_state_dict(_stored(tmp_path / "ao"), metadata)
+    assert not leftover and sorted(rebuilt) == sorted(tensors)
+    for name, q in tensors.items():
+        np.testing.assert_array_equal(rebuilt[name].dequantize().numpy(), lowp.dequantize(q))
 
 
 # --- A transformers model, quantized with lowp_torch, exported to each dialect ---

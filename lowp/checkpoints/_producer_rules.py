@@ -10,6 +10,8 @@ step for step in the dtypes it uses; each rule's module gives its arithmetic:
   hf-fp8              transformers 5.24's `Fp8Quantize` (producer "transformers", the
                       default) or DeepSeek-V3's `kernel.py` (producer "deepseek"): 2-D
                       tiles, float32 or ue8m0 scales (`_rules_hf_fp8`)
+  torchao             torchao 0.18's `Float8Tensor.from_hp`, its torch kernel: per
+                      tensor, row, group or block (`_rules_torchao`)
 
 A scheme a producer does not write is a ValueError naming it: the rules reproduce
 producers, they do not extend them.
@@ -22,6 +24,7 @@ from lowp.checkpoints import _origin
 from lowp.checkpoints import _rules_compressed_tensors as _ct
 from lowp.checkpoints import _rules_hf_fp8 as _hf
 from lowp.checkpoints import _rules_modelopt as _mo
+from lowp.checkpoints import _rules_torchao as _ao
 from lowp.checkpoints._rule_steps import HP
 
 # dialect -> the producers lowp reproduces, the default first
@@ -29,6 +32,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     _origin.COMPRESSED_TENSORS: (_origin.COMPRESSED_TENSORS,),
     _origin.MODELOPT: (_origin.MODELOPT,),
     _origin.HF_FP8: (_hf.TRANSFORMERS, _hf.DEEPSEEK),
+    _origin.TORCHAO: (_origin.TORCHAO,),
 }
 _FLOAT_SCHEMES = (
     _schemes.TensorScaling,
@@ -50,8 +54,10 @@ def quantize_like(
           or BlockScaling of float8_e4m3fn without pow2, or NVFP4Scaling();
         modelopt: TensorScaling or AxisScaling(axis=-1) of float8_e4m3fn without pow2,
           or NVFP4Scaling();
-        hf-fp8: BlockScaling of float8_e4m3fn, pow2=True for `scale_fmt: "ue8m0"`.
-      dialect: "compressed-tensors", "modelopt" or "hf-fp8".
+        hf-fp8: BlockScaling of float8_e4m3fn, pow2=True for `scale_fmt: "ue8m0"`;
+        torchao: as compressed-tensors' fp8, BlockScaling only of a 2-D weight the
+          tiles divide.
+      dialect: "compressed-tensors", "modelopt", "hf-fp8" or "torchao".
       producer: which producer of the dialect (`PRODUCERS[dialect]`); None for the
         first. hf-fp8 has "transformers" and "deepseek".
 
@@ -104,6 +110,16 @@ def quantize_like(
             return _mo.fp8(xf, scheme, hp_name)
         raise ValueError(
             f"ModelOpt writes fp8 per tensor or per row, or NVFP4Scaling(); not {scheme}"
+        )
+    if dialect == _origin.TORCHAO:
+        whole_tiles = not isinstance(scheme, _schemes.BlockScaling) or (
+            x.ndim == 2 and all(n % b == 0 for n, b in zip(x.shape, scheme.block, strict=True))
+        )
+        if float_scales and along_in and whole_tiles:
+            return _ao.float8(xf, scheme, hp_name)
+        raise ValueError(
+            f"torchao's Float8Tensor groups per tensor, row, group along `in` or whole "
+            f"2-D blocks; not {scheme} of shape {tuple(x.shape)}"
         )
     if nvfp4:
         return _ct.nvfp4(xf, hp_name)
