@@ -130,7 +130,8 @@ def test_merged_summary_takes_a_recipe_measured_again_over_its_own_bf16(small_ru
     after = merged["linear_fwd_bwd_speedup_vs_bf16"]
     key = summary.shape_key({"M": shape[0], "K": shape[1], "N": shape[2]})
     assert after["float8_rowwise"][key]["eager"] == pytest.approx(
-        2 * before["float8_rowwise"][key]["eager"], abs=2e-3  # ratios keep 3 decimals
+        2 * before["float8_rowwise"][key]["eager"],
+        abs=2e-3,  # ratios keep 3 decimals
     )
     others = {r: v for r, v in before.items() if r != "float8_rowwise"}
     assert others and {r: after[r] for r in others} == others
