@@ -141,7 +141,28 @@ def decode(codes: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
 
     NaN codes give the canonical NaN 0x7FC00000 (as `lowp.decode`), e5m2's Inf codes
     give ±Inf. Every value is exact in float32 and normal there.
+
+    In eager mode one-byte codes are read from a 256-entry table of every byte's value,
+    made by the computation below: on the CPU c10's float8 -> float32 cast is a scalar
+    loop, about 10x the gather's time (docs/performance.md, CPU inference).
     """
+    byte_codes = codes.dtype in (torch.uint8, _NATIVE_FLOAT8.get(fmt.name))
+    if byte_codes and not _storage.traced(codes):
+        table = _DECODE_TABLES.get((fmt.name, codes.device))
+        if table is None:
+            every_byte = torch.arange(256, dtype=torch.int32, device=codes.device)
+            table = _decode_computed(every_byte.to(torch.uint8), fmt)
+            _DECODE_TABLES[(fmt.name, codes.device)] = table
+        index = codes.view(torch.uint8).reshape(-1).to(torch.int32)
+        return torch.index_select(table, 0, index).reshape(codes.shape)
+    return _decode_computed(codes, fmt)
+
+
+_DECODE_TABLES: dict = {}  # (format, device) -> (256,) float32, filled in eager mode only
+
+
+def _decode_computed(codes: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
+    """`decode` by a native cast (float8) or integer passes, any integer code dtype."""
     native = _native_float8(codes, fmt)
     if native is not None:  # every float8 value is a float32 one: the cast is exact
         if codes.dtype != native:  # uint8 codes, or wider integers holding one code each
@@ -185,13 +206,14 @@ def decode_fp4_packed(packed: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     out_shape = tuple(packed.shape[:-1]) + (packed.shape[-1] * 2,)
     if _storage.traced(packed):
         every_byte = torch.arange(256, dtype=torch.int32, device=packed.device).unsqueeze(-1)
-        table = decode(_layouts.unpack_fp4(every_byte), fmt)  # (256, 2)
+        table = _decode_computed(_layouts.unpack_fp4(every_byte), fmt)  # (256, 2)
         return table[packed.to(torch.int64)].reshape(out_shape)
     table = _FP4_PAIR_TABLES.get((fmt.name, packed.device))
     if table is None:
         every_byte = torch.arange(256, dtype=torch.int32, device=packed.device).unsqueeze(-1)
         # each row's value pair as one int64, so that the gather moves one item a byte
-        table = decode(_layouts.unpack_fp4(every_byte), fmt).view(torch.int64).reshape(256)
+        pairs = _decode_computed(_layouts.unpack_fp4(every_byte), fmt)
+        table = pairs.view(torch.int64).reshape(256)
         _FP4_PAIR_TABLES[(fmt.name, packed.device)] = table
     # index_select reads a flat table 7-10x faster than advanced indexing on the CPU
     pairs = torch.index_select(table, 0, packed.reshape(-1).to(torch.int32))
