@@ -196,6 +196,12 @@ _FP4_PAIR_TABLES: dict = {}  # (format, device) -> (256,) int64, filled in eager
 _FP4_ENCODE_TABLES: dict = {}  # (format, device) -> (4096,) uint8, filled in eager mode only
 
 
+def _byte_pairs(fmt: lowp.Format, device: torch.device) -> torch.Tensor:
+    """(256, 2) float32: the values of the two float4 codes each byte packs."""
+    every_byte = torch.arange(256, dtype=torch.int32, device=device).unsqueeze(-1)
+    return _decode_computed(_layouts.unpack_fp4(every_byte), fmt)
+
+
 def decode_fp4_packed(packed: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     """float32 values of packed float4 codes (uint8, two a byte, element 2j in bits 3..0),
     last axis doubled: `decode(unpack_fp4(packed))` read from a 256-row table of byte ->
@@ -205,15 +211,11 @@ def decode_fp4_packed(packed: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     """
     out_shape = tuple(packed.shape[:-1]) + (packed.shape[-1] * 2,)
     if _storage.traced(packed):
-        every_byte = torch.arange(256, dtype=torch.int32, device=packed.device).unsqueeze(-1)
-        table = _decode_computed(_layouts.unpack_fp4(every_byte), fmt)  # (256, 2)
-        return table[packed.to(torch.int64)].reshape(out_shape)
+        return _byte_pairs(fmt, packed.device)[packed.to(torch.int64)].reshape(out_shape)
     table = _FP4_PAIR_TABLES.get((fmt.name, packed.device))
     if table is None:
-        every_byte = torch.arange(256, dtype=torch.int32, device=packed.device).unsqueeze(-1)
         # each row's value pair as one int64, so that the gather moves one item a byte
-        pairs = _decode_computed(_layouts.unpack_fp4(every_byte), fmt)
-        table = pairs.view(torch.int64).reshape(256)
+        table = _byte_pairs(fmt, packed.device).view(torch.int64).reshape(256)
         _FP4_PAIR_TABLES[(fmt.name, packed.device)] = table
     # index_select reads a flat table 7-10x faster than advanced indexing on the CPU
     pairs = torch.index_select(table, 0, packed.reshape(-1).to(torch.int32))
