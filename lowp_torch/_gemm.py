@@ -112,8 +112,8 @@ def scaled_matmul(
                 _quantize.dequantize(a, torch.float32).contiguous(),
                 _weight_cache.dequantized(b, torch.float32).contiguous().transpose(-1, -2),
             )
-            if bias is not None:
-                y = y + bias.to(torch.float32)
+            if bias is not None:  # in place: y is the matmul's fresh float32 output
+                y.add_(bias.to(torch.float32))
             return y.to(out_dtype)
     elif kernel == "scaled_mm" and form in ("mx", "nvfp4"):
         return _block_scaled_mm(a, b, form, out_dtype, bias)
