@@ -1,5 +1,5 @@
 """lowp_torch.Linear under DTensor tensor parallelism (lowp_torch._tensor_parallel), on
-two CPU processes talking gloo: each rank's GEMMs get the unsharded layer's bytes, and a
+two and four CPU processes talking gloo: each rank's GEMMs get the unsharded layer's bytes, and a
 split that would cut a quantization group is refused."""
 
 import dataclasses
@@ -59,14 +59,29 @@ def _one_process():
     return {"y": y.detach(), "dx": x.grad, "dw": layer.weight.grad, "db": layer.bias.grad}
 
 
+def _styles_worker(rank, ranks, styles):
+    return {style: _tp_worker(rank, ranks, style) for style in styles}
+
+
 @pytest.mark.slow  # processes spawned: seconds each
 @pytest.mark.parametrize("style", ["colwise", "rowwise"])
 def test_mxfp8_tensor_parallel_matches_one_device(style):
-    got = spawn(_tp_worker, 2, style)
+    _check_against_one_device(style, spawn(_tp_worker, 2, style))
+
+
+@pytest.mark.slow  # four processes: tens of seconds
+def test_four_ranks():
+    # 128 / 4 = 32 per rank: whole MX blocks along the split dim, in both styles.
+    got = spawn(_styles_worker, 4, ["colwise", "rowwise"])
+    for style in ("colwise", "rowwise"):
+        _check_against_one_device(style, [r[style] for r in got])
+
+
+def _check_against_one_device(style, got):
     ref = _one_process()
     # Colwise: y, dw, db are the ranks' slices of the one-device run, bit for bit; dx
-    # sums the two ranks' partial dgrads, each rounded to float32 first: to rounding.
-    # Rowwise: dx and dw are slices, bit for bit; y sums two partial products.
+    # sums the ranks' partial dgrads, each rounded to float32 first: to rounding.
+    # Rowwise: dx and dw are slices, bit for bit; y sums the ranks' partial products.
     sliced = {"colwise": {"y": -1, "dw": 0, "db": 0}, "rowwise": {"dx": -1, "dw": 1}}[style]
     for name, dim in sliced.items():
         whole = torch.cat([r[name] for r in got], dim=dim)
