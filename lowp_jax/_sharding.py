@@ -20,6 +20,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import lowp
+from lowp import extend
 from lowp_jax import _bits, _qarray, _quantize
 
 
@@ -38,18 +39,18 @@ def quantize_shard(local, scheme: lowp.Scheme, axis_name: str, *, name: str = "w
     _check_shardable(scheme, name)
     if local.ndim != 2:
         raise ValueError(f"{name}: a sharded weight must be 2-D, got shape {local.shape}")
-    t0, t1 = scheme.tiles(2)
-    if t0 is not None:
-        if local.shape[0] % t0:
-            ranks = lax.axis_size(axis_name)
-            raise ValueError(
-                f"{name}: a shard of {local.shape[0]} rows (over {ranks} devices of "
-                f"{axis_name!r}) splits the {t0}-row blocks of {scheme}; shard so each "
-                f"device's rows are a multiple of {t0}"
-            )
+    try:
+        rows_local = extend.shard_groups(scheme, 0, local.shape[0]) is not None
+    except ValueError as e:
+        raise ValueError(
+            f"{name}: {e} (over {lax.axis_size(axis_name)} devices of {axis_name!r}); "
+            "shard so each device's rows hold whole blocks"
+        ) from e
+    if rows_local:
         return _quantize.quantize(local, scheme, name=name)
     absb = _bits.bits(local.astype(jnp.float32)) & _bits.ABS
-    amax = absb.max() if t1 is None else absb.max(axis=0)
+    columns = scheme.tiles(2)[1] is not None  # AxisScaling along axis 0: a max per column
+    amax = absb.max(axis=0) if columns else absb.max()
     amax = lax.pmax(amax, axis_name)
     amax_row = jnp.broadcast_to(_bits.from_bits(amax).astype(local.dtype), (1, local.shape[1]))
     q = _quantize.quantize(jnp.concatenate([local, amax_row]), scheme, name=name)
@@ -63,7 +64,7 @@ def quantize_gathered(local, scheme: lowp.Scheme, axis_name: str, *, name: str =
     shard quantized (`quantize_shard`) and all-gathered as codes and scales."""
     q = quantize_shard(local, scheme, axis_name, name=name)
     codes = lax.all_gather(q.codes, axis_name, axis=0, tiled=True)
-    row_groups = scheme.tiles(2)[0] is not None
+    row_groups = extend.shard_groups(scheme, 0, local.shape[0]) is not None
     scale = lax.all_gather(q.scale, axis_name, axis=0, tiled=True) if row_groups else q.scale
     shape = (codes.shape[0], local.shape[1])
     return _qarray.QArray(codes, scale, None, scheme, shape, q.hp_dtype, q.scale_layout)

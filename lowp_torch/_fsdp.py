@@ -151,12 +151,12 @@ class ShardedWeight(torch.Tensor):
         slot = _scale_slot(self.plan, local.shape)
         if slot:
             scale = q.scale.reshape(-1).view(torch.uint8)
-            if not _rows_local(scheme):  # shared: in the metadata
+            if not _rows_local(scheme, local.shape[0]):  # shared: in the metadata
                 scale = scale[:0]
             if scale.numel() < slot:  # the other phase's scales are larger: zeros, sent
                 scale = torch.cat([scale, scale.new_zeros(slot - scale.numel())])
             inputs.append(scale)
-        shared = None if _rows_local(scheme) else q.scale
+        shared = None if _rows_local(scheme, local.shape[0]) else q.scale
         metadata = _Gathered(phase, local.dtype, q.codes.dtype, q.scale.dtype, shared, info)
         return tuple(inputs), metadata
 
@@ -210,10 +210,11 @@ def _phase_scheme(plan, phase: str):
     return plan.forward.b.scheme if dgrad.reuses_codes else dgrad.along_first_axis
 
 
-def _rows_local(scheme) -> bool:
-    """Whether `scheme`'s groups on w lie inside whole rows (a shard's scales are its
-    part of the whole w's), rather than spanning every shard (one scale, all-reduced)."""
-    return scheme.tiles(2)[0] is not None
+def _rows_local(scheme, rows: int) -> bool:
+    """Whether `scheme`'s groups on a shard of `rows` rows of w lie inside it (its scales
+    are its part of the whole w's), rather than spanning every shard (one scale for
+    all, all-reduced): `lowp.extend.shard_groups`."""
+    return extend.shard_groups(scheme, 0, rows) is not None
 
 
 def _scale_bytes(scheme, shape) -> int:
@@ -228,7 +229,7 @@ def _scale_slot(plan, shard_shape) -> int:
         (
             _scale_bytes(s, shard_shape)
             for s in (_phase_scheme(plan, p) for p in (_FORWARD, _BACKWARD))
-            if _rows_local(s)
+            if _rows_local(s, shard_shape[0])
         ),
         default=0,
     )
@@ -260,7 +261,7 @@ def _gather_now(shard: "ShardedWeight", phase: str, source: _Source) -> Quantize
     q = _quantize_shard(local, scheme, source.group, source.ranks, shard.layer_name)
     n, k = local.shape[0] * source.ranks, local.shape[1]
     codes = _all_gather_rows(q.codes, source)
-    scale = _all_gather_rows(q.scale, source) if _rows_local(scheme) else q.scale
+    scale = _all_gather_rows(q.scale, source) if _rows_local(scheme, local.shape[0]) else q.scale
     return QuantizedTensor(codes, scale, None, scheme, (n, k), local.dtype)
 
 
@@ -275,21 +276,22 @@ def _all_gather_rows(t: torch.Tensor, source: _Source) -> torch.Tensor:
 def _quantize_shard(local, scheme, group, ranks: int, name: str) -> QuantizedTensor:
     """`local` (rows of w) quantized with `scheme` as the full w would be: rows of codes
     and scales that concatenate, across shards, into `lowp.quantize`'s of w."""
-    t0, t1 = scheme.tiles(2)
-    if t0 is not None:  # groups of t0 rows: a shard must hold whole ones
-        if local.shape[0] % t0:
-            raise ValueError(
-                f"{name}: a shard of {local.shape[0]} rows (out_features / {ranks} ranks) "
-                f"splits the {t0}-row blocks of {scheme}; the quantized all-gather would "
-                "not give the unsharded bytes. Shard so each rank's out_features is a "
-                f"multiple of {t0}, or leave the layer out"
-            )
+    try:
+        rows_local = extend.shard_groups(scheme, 0, local.shape[0]) is not None
+    except ValueError as e:
+        raise ValueError(
+            f"{name}: {e} (out_features / {ranks} ranks); the quantized all-gather would "
+            "not give the unsharded bytes. Shard so each rank's out_features holds whole "
+            "blocks, or leave the layer out"
+        ) from e
+    if rows_local:
         return _quantize.quantize(local, scheme, name=name)
     # Groups span every shard's rows (tensorwise; columns): all-reduce each group's amax,
     # as int32 bits of |x|, and quantize the shard with one extra row holding it, which
     # sets each group's amax to the whole tensor's without changing any other code.
     amax_bits = _bits.abs_bits(local.float())
-    amax_bits = amax_bits.amax() if t1 is None else amax_bits.amax(dim=0)
+    columns = scheme.tiles(2)[1] is not None  # AxisScaling along N: an amax per column
+    amax_bits = amax_bits.amax(dim=0) if columns else amax_bits.amax()
     dist.all_reduce(amax_bits, op=dist.ReduceOp.MAX, group=group)
     amax_row = _bits.from_bits(amax_bits).to(local.dtype).expand(1, local.shape[1])
     q = _quantize.quantize(torch.cat([local, amax_row]), scheme, name=name)

@@ -200,7 +200,10 @@ def test_a_w_operand_a_shard_cannot_quantize_alone_is_refused():
 
 def test_a_shard_that_splits_an_mx_block_is_refused():
     scheme = lowp.MXScaling("float8_e4m3fn", axis=-2)
-    with pytest.raises(ValueError, match=r"fc1: a shard of 16 rows .* 32-row blocks"):
+    with pytest.raises(
+        ValueError,
+        match=r"fc1: a shard of 16 rows splits the 32-row blocks of MX.* \(out_features / 4 ranks\)",
+    ):
         _fsdp._quantize_shard(torch.zeros(16, K), scheme, None, 4, "fc1")
 
 
