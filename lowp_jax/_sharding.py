@@ -11,12 +11,14 @@ would split is refused, naming the array, the shard's rows and the block.
 
 `quantize_gathered(local, scheme, axis_name)` runs inside `jax.shard_map` (a training
 step written per device); `all_gather_quantized(w, scheme, mesh, axis)` wraps it for a
-global array sharded over a mesh axis.
+global array sharded over a mesh axis. `shard_quantized(q, mesh, axis)` places a whole
+QArray (loaded from an interchange file, saved on any mesh) sharded on another.
 """
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import lowp
@@ -82,3 +84,35 @@ def all_gather_quantized(w, scheme: lowp.Scheme, mesh, axis: str, *, name: str =
     return jax.shard_map(
         per_device, mesh=mesh, in_specs=P(axis, None), out_specs=P(), check_vma=False
     )(w)
+
+
+def shard_quantized(q: _qarray.QArray, mesh, axis: str, *, name: str = "weight") -> _qarray.QArray:
+    """`q` (N, K), whole (as loaded from an interchange file), placed on `mesh` with its
+    rows split over `axis`: each device holds its rows' codes, and its row groups'
+    scales where the groups lie inside a shard; scales of groups that span the shards
+    are replicated. The bytes are q's: a checkpoint saved from any mesh (or from one
+    device) loads onto another this way, and `all_gather_quantized`-style gathers of
+    it give `lowp.quantize`'s bytes back.
+
+    Raises ValueError naming the array where N does not split evenly or a shard would
+    cut a block of rows (`lowp.extend.shard_groups`)."""
+    _check_shardable(q.scheme, name)
+    if len(q.shape) != 2 or q.scale_layout != "plain":
+        raise ValueError(
+            f"{name}: shard_quantized takes a 2-D QArray with plain scales, got shape "
+            f"{q.shape}, scale_layout {q.scale_layout!r}"
+        )
+    devices = mesh.shape[axis]
+    rows, rest = divmod(q.shape[0], devices)
+    if rest:
+        raise ValueError(
+            f"{name}: {q.shape[0]} rows do not split evenly over the {devices} devices of {axis!r}"
+        )
+    try:
+        rows_local = extend.shard_groups(q.scheme, 0, rows) is not None
+    except ValueError as e:
+        raise ValueError(f"{name}: {e} (over {devices} devices of {axis!r})") from e
+    by_rows = NamedSharding(mesh, P(axis, None))
+    codes = jax.device_put(q.codes, by_rows)
+    scale = jax.device_put(q.scale, by_rows if rows_local else NamedSharding(mesh, P()))
+    return _qarray.QArray(codes, scale, None, q.scheme, q.shape, q.hp_dtype, q.scale_layout)
