@@ -77,6 +77,57 @@ def test_four_ranks():
         _check_against_one_device(style, [r[style] for r in got])
 
 
+def _sequence_parallel_worker(rank, ranks):
+    """Both styles with the token dim M sharded outside the layer (sequence parallel):
+    colwise all-gathers x's tokens before the layer, rowwise reduce-scatters y's."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    out = {}
+    for style in ("colwise", "rowwise"):
+        layer, x, g = _layer_and_data()
+        mesh = init_device_mesh("cpu", (ranks,))
+        if style == "colwise":  # x's tokens sharded in; y sharded along N out
+            parallel = ColwiseParallel(input_layouts=Shard(0))
+            x, g = x.chunk(ranks, dim=0)[rank], g.chunk(ranks, dim=-1)[rank]
+        else:  # x sharded along K in; y's tokens sharded out
+            parallel = RowwiseParallel(output_layouts=Shard(0))
+            x, g = x.chunk(ranks, dim=-1)[rank], g.chunk(ranks, dim=0)[rank]
+        layer = parallelize_module(layer, mesh, parallel)
+        x.requires_grad_(True)
+        y = layer(x)
+        y.backward(g)
+        # clone(): a collective's output (y, x.grad here) is waited for by the first op
+        # on it; torch.save would write its buffer before the collective fills it.
+        grads = {"y": y.detach(), "dx": x.grad, "dw": layer.weight.grad.to_local()}
+        out[style] = {name: t.clone() for name, t in grads.items()}
+    return out
+
+
+@pytest.mark.slow  # processes spawned: seconds each
+def test_sequence_parallel_matches_one_device():
+    got = spawn(_sequence_parallel_worker, 2)
+    ref = _one_process()
+    colwise, rowwise = [r["colwise"] for r in got], [r["rowwise"] for r in got]
+    # Colwise: y and dw are slices along N, bit for bit (x's tokens gathered whole);
+    # dx sums the ranks' partial dgrads before its tokens are scattered: to rounding.
+    assert torch.equal(torch.cat([r["y"] for r in colwise], dim=-1), ref["y"])
+    assert torch.equal(torch.cat([r["dw"] for r in colwise], dim=0), ref["dw"])
+    dx = torch.cat([r["dx"] for r in colwise], dim=0)
+    torch.testing.assert_close(dx, ref["dx"], rtol=1e-5, atol=1e-5)
+    # Rowwise: dx and dw are slices along K, bit for bit (dy's tokens gathered whole);
+    # y sums partial products, then its tokens are scattered: to rounding.
+    assert torch.equal(torch.cat([r["dx"] for r in rowwise], dim=-1), ref["dx"])
+    assert torch.equal(torch.cat([r["dw"] for r in rowwise], dim=1), ref["dw"])
+    y = torch.cat([r["y"] for r in rowwise], dim=0)
+    torch.testing.assert_close(y, ref["y"], rtol=1e-5, atol=1e-5)
+
+
 def _check_against_one_device(style, got):
     ref = _one_process()
     # Colwise: y, dw, db are the ranks' slices of the one-device run, bit for bit; dx
