@@ -349,6 +349,10 @@ class GatheredWeight(torch.Tensor):
             "high-precision values; only lowp_torch.Linear reads it"
         )
 
+    # Run eagerly under torch.compile: they read (and may gather) what FSDP2's hooks
+    # left on this weight for the phase, state a graph traced ahead of time would
+    # freeze. Dynamo then runs the layer's autograd Function eagerly around them.
+    @torch._dynamo.disable
     def lowp_gathered_operands(self, forward_b):
         """(b of the forward, what the dgrad keeps of w: this weight, whose
         `lowp_dgrad_operand` the backward asks), `_training.forward_operands`'s answer."""
@@ -363,6 +367,7 @@ class GatheredWeight(torch.Tensor):
             self.forward = _gather_now(self._shard, _FORWARD, self._source)
         return self.forward, self
 
+    @torch._dynamo.disable
     def lowp_dgrad_operand(self) -> QuantizedTensor:
         """w along N for the dgrad (`_training.dgrad_operands`): gathered before the
         backward, or here where FSDP2 kept the forward's weight unsharded."""

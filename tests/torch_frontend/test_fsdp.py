@@ -452,3 +452,32 @@ def test_activation_checkpointing_gives_the_same_step():
         ratio = checkpointed[2]["gather"] / plain[2]["gather"]
         print(f"checkpointed / plain bytes gathered: {ratio:.3f}")
         assert 1.0 < ratio <= 1.5, ratio
+
+
+def _compiled_worker(rank, ranks):
+    """Loss, gradient shards and bytes sent of one step, eager, then compiled (aot_eager:
+    the graphs without Inductor's codegen, short on CPU)."""
+    model = sharded(_model("float8_rowwise"), ranks)
+    x = _data(ranks)[0, rank]
+    model(x).square().mean().backward()  # a first step sets FSDP2 up
+    model.zero_grad()
+    runs = []
+    for run in (model, torch.compile(model, backend="aot_eager")):
+        sent: dict = {}
+        with _bytes_sent(sent):
+            loss = run(x).square().mean()
+            loss.backward()
+        grads = {k: _local(p.grad) for k, p in model.named_parameters() if p.grad is not None}
+        runs.append((loss.detach(), grads, sent))
+        model.zero_grad()
+    return runs
+
+
+@pytest.mark.slow  # processes spawned, and a compile: about a minute
+def test_compiled_step_is_the_eager_step():
+    for eager, compiled in spawn(_compiled_worker, 2):
+        assert torch.equal(eager[0], compiled[0])
+        assert set(compiled[1]) == set(eager[1])  # every parameter has its gradient
+        for name, grad in eager[1].items():
+            assert torch.equal(grad, compiled[1][name]), name
+        assert compiled[2] == eager[2]  # the same gathers and all-reduces, byte for byte
