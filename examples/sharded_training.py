@@ -1,5 +1,6 @@
-"""Sharded training with lowp on CPU: FSDP2 with fp8 all-gather, then tensor parallel,
-each on two gloo processes, then JAX's FSDP-style gather on four host devices.
+"""Sharded training with lowp on CPU: FSDP2 with fp8 all-gather (its checkpoint then
+loaded into one process), then tensor parallel, each on two gloo processes, then JAX's
+FSDP-style gather on four host devices, saved and resharded onto two.
 
     python examples/sharded_training.py            # all three
     python examples/sharded_training.py --only fsdp|tp|jax
@@ -27,13 +28,16 @@ def model(recipe: str) -> nn.Module:
     return lowp_torch.convert_to_training(layers, recipe)
 
 
-def fsdp(rank: int, ranks: int) -> None:
+def fsdp(rank: int, ranks: int, checkpoint: str) -> None:
+    import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh("cpu", (ranks,))
-    net = model("float8_tensorwise")
-    lowp_torch.fsdp_quantized_all_gather(net)  # before fully_shard: weights gather as fp8
+    net = model("float8_rowwise")
+    # Before fully_shard: each weight gathers as fp8 codes and scales, the forward's
+    # orientation before the forward and the dgrad's before the backward.
+    lowp_torch.fsdp_quantized_all_gather(net)
     for layer in net:
         if isinstance(layer, lowp_torch.Linear):
             fully_shard(layer, mesh=mesh)
@@ -47,9 +51,23 @@ def fsdp(rank: int, ranks: int) -> None:
         opt.zero_grad()
         if rank == 0:
             print(f"fsdp step {step}: loss {loss.item():.5f}")
+    dcp.save(net.state_dict(), checkpoint_id=checkpoint)  # the float model's values
 
 
-def tensor_parallel(rank: int, ranks: int) -> None:
+def load_unsharded(checkpoint: str) -> None:
+    """The two-rank checkpoint into one process (any number of ranks loads it alike)."""
+    import torch.distributed.checkpoint as dcp
+
+    net = model("float8_rowwise")
+    state = net.state_dict()
+    dcp.load(state, checkpoint_id=checkpoint)
+    net.load_state_dict(state)
+    print(
+        f"fsdp checkpoint loaded into one process: {sum(p.numel() for p in state.values())} values"
+    )
+
+
+def tensor_parallel(rank: int, ranks: int, checkpoint: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -67,11 +85,12 @@ def tensor_parallel(rank: int, ranks: int) -> None:
         print(f"tp: loss {loss.item():.5f}")
 
 
-def _entry(rank, what, ranks, rendezvous):
+def _entry(rank, what, ranks, d):
     torch.set_num_threads(1)
+    rendezvous = f"file://{os.path.join(d, 'rendezvous')}"
     dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=ranks)
     try:
-        {"fsdp": fsdp, "tp": tensor_parallel}[what](rank, ranks)
+        {"fsdp": fsdp, "tp": tensor_parallel}[what](rank, ranks, os.path.join(d, "checkpoint"))
     finally:
         dist.destroy_process_group()
 
@@ -89,6 +108,16 @@ same = np.array_equal(np.asarray(lowp_jax.to_lowp(q).codes).view(np.uint8),
                       np.asarray(lowp.quantize(np.asarray(w), scheme).codes).view(np.uint8))
 print(f"jax: {mesh.size} devices gathered {q.codes.nbytes + q.scale.nbytes} bytes "
       f"(bf16: {w.nbytes}); codes equal lowp.quantize of the whole weight: {same}")
+
+# Resharding goes through the interchange file: saved from four devices, placed on two.
+import os, tempfile
+with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "w.safetensors")
+    lowp.save(path, {"w": lowp_jax.to_lowp(q)})
+    two = Mesh(np.array(jax.devices()[:2]), ("fsdp",))
+    q2 = lowp_jax.shard_quantized(lowp_jax.from_lowp(lowp.load(path)["w"]), two, "fsdp")
+    print(f"jax: reloaded on {two.size} devices, rows per device "
+          f"{q2.codes.addressable_shards[0].data.shape[0]}")
 """
 
 
@@ -99,8 +128,9 @@ def main() -> None:
     for part in ("fsdp", "tp"):
         if what in (None, part):
             with tempfile.TemporaryDirectory() as d:
-                rendezvous = f"file://{os.path.join(d, 'rendezvous')}"
-                torch.multiprocessing.spawn(_entry, args=(part, 2, rendezvous), nprocs=2)
+                torch.multiprocessing.spawn(_entry, args=(part, 2, d), nprocs=2)
+                if part == "fsdp":
+                    load_unsharded(os.path.join(d, "checkpoint"))
     if what in (None, "jax"):
         env = dict(os.environ, JAX_PLATFORMS="cpu")
         env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"

@@ -59,6 +59,12 @@ How a recipe runs a linear layer (spec §8)
                                  one (`keeps_codes`), and `check(m, k, n)`, the shape
                                  check naming the GEMM, operand and dim.
   DIM_NAMES                      what "M", "K", "N" are in a layer's terms.
+  shard_groups(scheme, axis, local)
+                                 the extent of a scheme's groups along a 2-D tensor's
+                                 split axis that a shard of `local` holds whole, None
+                                 where each group spans every shard; ValueError naming
+                                 the shard and the block it would cut (`lowp._shards`:
+                                 FSDP gathers, JAX sharding, tensor parallel).
   data_offset(bits)              the stochastic-rounding offset of an operand: its
                                  float32 bit patterns summed mod 2**32.
   hadamard_transform(x, s, stack=, ftz=)
@@ -132,6 +138,7 @@ from lowp._schemes import (
     normalize_axis,
     scale_format,
 )
+from lowp._shards import shard_groups
 from lowp._small_shapes import call_pays, layer_may_pay
 from lowp._small_shapes import describe as describe_small_shape
 from lowp.checkpoints._dequantize import ProducerPlan, producer_plan, refuse_origin
@@ -180,6 +187,7 @@ __all__ = [
     "random_source",
     "refuse_origin",
     "scale_format",
+    "shard_groups",
     "stored_scale_shape",
     "token_capacity",
     "token_segments",

@@ -18,7 +18,8 @@ turns the trained parameters or nnx model into the `quantize_params` form.
 
 Sharding: `all_gather_quantized` (and, inside `shard_map`, `quantize_gathered`,
 `quantize_shard`) quantizes a weight sharded along its first axis shard by shard and
-gathers codes and scales, the bytes of quantizing it whole.
+gathers codes and scales, the bytes of quantizing it whole; `shard_quantized` places a
+whole QArray (loaded from an interchange file) sharded on a mesh.
 
 Switches, each a scoped context manager read when a computation is traced:
 `cast_kernels("xla")` keeps the float8 casts off the Pallas kernel, and
@@ -40,7 +41,12 @@ from lowp_jax._quantize import dequantize, quantize
 from lowp_jax._quantized_dot import QuantizedDotGeneral, dot_general_cls
 from lowp_jax._ragged_dot import grouped_operands, ragged_dot
 from lowp_jax._rounding import random_bits
-from lowp_jax._sharding import all_gather_quantized, quantize_gathered, quantize_shard
+from lowp_jax._sharding import (
+    all_gather_quantized,
+    quantize_gathered,
+    quantize_shard,
+    shard_quantized,
+)
 from lowp_jax._training import (
     TrainingDotGeneral,
     training_dot_general,
@@ -72,6 +78,7 @@ __all__ = [
     "random_bits",
     "save_quantized",
     "scaled_matmul_problem",
+    "shard_quantized",
     "to_inference",
     "to_lowp",
     "training_dot_general",

@@ -27,6 +27,7 @@ so those outputs match the one-device layer to rounding, not bit for bit.
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
+from lowp import extend
 from lowp_torch import _training
 
 _SPLIT = {0: "N", 1: "K"}  # the weight's sharded dim -> the layer dim it splits
@@ -46,15 +47,21 @@ def check_split(plan, split: str, size: int, ranks: int, name: str) -> None:
             if split not in operand.dims:
                 continue
             _check_local(operand, gemm.name, where)
-            tile = operand.scheme.tiles(2)[operand.dims.index(split)]
-            if tile is None or local % tile:
-                group = "the whole dim" if tile is None else f"blocks of {tile}"
+            what = f"the {gemm.name} GEMM's {operand.name}"
+            try:
+                tile = extend.shard_groups(operand.scheme, operand.dims.index(split), local)
+            except ValueError as e:
                 raise ValueError(
-                    f"{where}: {local} per rank splits the groups ({group}) of the "
-                    f"{gemm.name} GEMM's {operand.name} under {operand.scheme}; "
-                    f"{plan.recipe.name} cannot run on this shard with the unsharded bytes. "
-                    "Use an MX recipe whose blocks divide the per-rank size, or leave "
-                    "the layer out of the plan"
+                    f"{where}: {e}, {what}; {plan.recipe.name} cannot run on this shard "
+                    "with the unsharded bytes. Use an MX recipe whose blocks divide the "
+                    "per-rank size, or leave the layer out of the plan"
+                ) from e
+            if tile is None:
+                raise ValueError(
+                    f"{where}: each group of {operand.scheme} spans the whole dim in {what} "
+                    f"(its amax needs every rank's {local}); {plan.recipe.name} cannot run "
+                    "on this shard with the unsharded bytes. Use an MX recipe whose blocks "
+                    "divide the per-rank size, or leave the layer out of the plan"
                 )
 
 

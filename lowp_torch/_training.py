@@ -165,6 +165,8 @@ def dgrad_operands(g2, w, plan, name="linear", wgrad_runs=True):
     dgrad = plan.dgrad
     if dgrad is None:
         return None, g2
+    if hasattr(w, "lowp_dgrad_operand"):  # FSDP2 gathers it for the backward: `_fsdp`
+        w = w.lowp_dgrad_operand()
     a, keep_g = _quantize_and_keep(
         g2, dgrad.a, plan.transposed_operand("g"), wgrad_runs, f"{name} dgrad: dy"
     )

@@ -38,6 +38,36 @@ for full in (w, poisoned):
         assert np.array_equal(as_bytes(got.scale), as_bytes(ref.scale)), scheme
         print("equal", scheme)
 
+# Resharding through the interchange file: gathered on four devices and saved, the file
+# is the unsharded quantize's byte for byte; loaded and placed on two devices (and on
+# one), each device holds its rows' bytes, and their concatenation is the file's.
+import os, tempfile
+two = Mesh(np.array(jax.devices()[:2]), ("fsdp",))
+with tempfile.TemporaryDirectory() as d:
+    for i, scheme in enumerate(schemes):
+        sharded = jax.device_put(w, NamedSharding(mesh, P("fsdp", None)))
+        gathered = lowp_jax.to_lowp(_sharding.all_gather_quantized(sharded, scheme, mesh, "fsdp"))
+        files = [os.path.join(d, f"{i}{k}.safetensors") for k in "gr"]
+        lowp.save(files[0], {"w": gathered})
+        lowp.save(files[1], {"w": lowp.quantize(np.asarray(w), scheme)})
+        assert open(files[0], "rb").read() == open(files[1], "rb").read(), scheme
+        loaded = lowp_jax.from_lowp(lowp.load(files[0])["w"])
+        for target in (two, Mesh(np.array(jax.devices()[:1]), ("fsdp",))):
+            q = lowp_jax.shard_quantized(loaded, target, "fsdp")
+            shards = q.codes.addressable_shards
+            assert len(shards) == target.size and shards[0].data.shape == (128 // target.size, 64)
+            assert np.array_equal(as_bytes(lowp_jax.to_lowp(q).codes), as_bytes(gathered.codes))
+            assert np.array_equal(as_bytes(lowp_jax.to_lowp(q).scale), as_bytes(gathered.scale))
+        print("resharded", scheme)
+try:
+    lowp_jax.shard_quantized(
+        lowp_jax.quantize(w[:64], lowp.MXScaling(axis=-2)), mesh, "fsdp", name="fc2"
+    )
+except ValueError as e:
+    assert "fc2: a shard of 16 rows splits the 32-row blocks" in str(e), e
+else:
+    raise AssertionError("shard_quantized cut an MX block")
+
 small = jax.device_put(w[:64], NamedSharding(mesh, P("fsdp", None)))  # 16 rows a device
 try:
     _sharding.all_gather_quantized(small, lowp.MXScaling(axis=-2), mesh, "fsdp", name="fc1")
@@ -51,8 +81,11 @@ else:
 
 @pytest.mark.slow  # processes spawned: seconds each
 def test_gathered_codes_are_the_unsharded_quantize_on_four_devices():
+    """Also: the interchange file of a gathered weight is the unsharded quantize's, and
+    loads sharded onto two devices and one with those bytes."""
     out = run_on_four_cpu_devices(SCRIPT)
     assert out.count("equal") == 10 and "refused" in out, out
+    assert out.count("resharded") == 5, out
 
 
 @pytest.mark.parametrize("quantize", [_sharding.quantize_shard, _sharding.quantize_gathered])

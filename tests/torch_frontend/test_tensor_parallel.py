@@ -1,5 +1,5 @@
 """lowp_torch.Linear under DTensor tensor parallelism (lowp_torch._tensor_parallel), on
-two CPU processes talking gloo: each rank's GEMMs get the unsharded layer's bytes, and a
+two and four CPU processes talking gloo: each rank's GEMMs get the unsharded layer's bytes, and a
 split that would cut a quantization group is refused."""
 
 import dataclasses
@@ -59,14 +59,80 @@ def _one_process():
     return {"y": y.detach(), "dx": x.grad, "dw": layer.weight.grad, "db": layer.bias.grad}
 
 
+def _styles_worker(rank, ranks, styles):
+    return {style: _tp_worker(rank, ranks, style) for style in styles}
+
+
 @pytest.mark.slow  # processes spawned: seconds each
 @pytest.mark.parametrize("style", ["colwise", "rowwise"])
 def test_mxfp8_tensor_parallel_matches_one_device(style):
-    got = spawn(_tp_worker, 2, style)
+    _check_against_one_device(style, spawn(_tp_worker, 2, style))
+
+
+@pytest.mark.slow  # four processes: tens of seconds
+def test_four_ranks():
+    # 128 / 4 = 32 per rank: whole MX blocks along the split dim, in both styles.
+    got = spawn(_styles_worker, 4, ["colwise", "rowwise"])
+    for style in ("colwise", "rowwise"):
+        _check_against_one_device(style, [r[style] for r in got])
+
+
+def _sequence_parallel_worker(rank, ranks):
+    """Both styles with the token dim M sharded outside the layer (sequence parallel):
+    colwise all-gathers x's tokens before the layer, rowwise reduce-scatters y's."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    out = {}
+    for style in ("colwise", "rowwise"):
+        layer, x, g = _layer_and_data()
+        mesh = init_device_mesh("cpu", (ranks,))
+        if style == "colwise":  # x's tokens sharded in; y sharded along N out
+            parallel = ColwiseParallel(input_layouts=Shard(0))
+            x, g = x.chunk(ranks, dim=0)[rank], g.chunk(ranks, dim=-1)[rank]
+        else:  # x sharded along K in; y's tokens sharded out
+            parallel = RowwiseParallel(output_layouts=Shard(0))
+            x, g = x.chunk(ranks, dim=-1)[rank], g.chunk(ranks, dim=0)[rank]
+        layer = parallelize_module(layer, mesh, parallel)
+        x.requires_grad_(True)
+        y = layer(x)
+        y.backward(g)
+        # clone(): a collective's output (y, x.grad here) is waited for by the first op
+        # on it; torch.save would write its buffer before the collective fills it.
+        grads = {"y": y.detach(), "dx": x.grad, "dw": layer.weight.grad.to_local()}
+        out[style] = {name: t.clone() for name, t in grads.items()}
+    return out
+
+
+@pytest.mark.slow  # processes spawned: seconds each
+def test_sequence_parallel_matches_one_device():
+    got = spawn(_sequence_parallel_worker, 2)
+    ref = _one_process()
+    colwise, rowwise = [r["colwise"] for r in got], [r["rowwise"] for r in got]
+    # Colwise: y and dw are slices along N, bit for bit (x's tokens gathered whole);
+    # dx sums the ranks' partial dgrads before its tokens are scattered: to rounding.
+    assert torch.equal(torch.cat([r["y"] for r in colwise], dim=-1), ref["y"])
+    assert torch.equal(torch.cat([r["dw"] for r in colwise], dim=0), ref["dw"])
+    dx = torch.cat([r["dx"] for r in colwise], dim=0)
+    torch.testing.assert_close(dx, ref["dx"], rtol=1e-5, atol=1e-5)
+    # Rowwise: dx and dw are slices along K, bit for bit (dy's tokens gathered whole);
+    # y sums partial products, then its tokens are scattered: to rounding.
+    assert torch.equal(torch.cat([r["dx"] for r in rowwise], dim=-1), ref["dx"])
+    assert torch.equal(torch.cat([r["dw"] for r in rowwise], dim=1), ref["dw"])
+    y = torch.cat([r["y"] for r in rowwise], dim=0)
+    torch.testing.assert_close(y, ref["y"], rtol=1e-5, atol=1e-5)
+
+
+def _check_against_one_device(style, got):
     ref = _one_process()
     # Colwise: y, dw, db are the ranks' slices of the one-device run, bit for bit; dx
-    # sums the two ranks' partial dgrads, each rounded to float32 first: to rounding.
-    # Rowwise: dx and dw are slices, bit for bit; y sums two partial products.
+    # sums the ranks' partial dgrads, each rounded to float32 first: to rounding.
+    # Rowwise: dx and dw are slices, bit for bit; y sums the ranks' partial products.
     sliced = {"colwise": {"y": -1, "dw": 0, "db": 0}, "rowwise": {"dx": -1, "dw": 1}}[style]
     for name, dim in sliced.items():
         whole = torch.cat([r[name] for r in got], dim=dim)
@@ -80,7 +146,10 @@ def test_mxfp8_tensor_parallel_matches_one_device(style):
 
 def test_a_split_that_cuts_a_block_is_refused():
     plan = extend.LinearPlan.of(lowp.Recipe.from_name("mxfp8"))
-    with pytest.raises(ValueError, match=r"fc1: .*N=32 over 2 ranks: 16 per rank .*blocks of 32"):
+    with pytest.raises(
+        ValueError,
+        match=r"fc1: .*N=32 over 2 ranks: a shard of 16 columns splits the 32-column blocks of MX.*dgrad GEMM's g;",
+    ):
         _tensor_parallel.check_split(plan, "N", 32, 2, "fc1")
     plan = extend.LinearPlan.of(lowp.Recipe.from_name("float8_tensorwise"))
     with pytest.raises(ValueError, match=r"fc1: RowwiseParallel .*the whole dim"):
