@@ -52,7 +52,6 @@ import lowp
 import lowp_torch
 from lowp_torch import _cast_kernels, _gemm
 
-HP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INFER_PRESETS = ("float8_rowwise", "float8_tensorwise")
 TRAIN_RECIPES = ("float8_tensorwise", "float8_rowwise")
 
@@ -83,7 +82,7 @@ def cuda_path():
     saved = (
         _gemm.kernel_problem,
         _gemm._cuda_capability,
-        _cast_kernels.use_triton,
+        _cast_kernels.triton_problem,
         _triton_casts._launch,
         _triton_casts._launch_both,
         torch._scaled_mm,
@@ -99,15 +98,14 @@ def cuda_path():
             return None
         return real_problem(kernel, a, b, form, out_dtype)
 
-    def use_triton(t, scheme, *, rounding, random_bits, seed, offset, check_finite, name):
-        # `_cast_kernels.triton_problem`'s rules, a CPU device taken for CUDA
-        plain = type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype in HP_DTYPES
-        stochastic = rounding != "nearest" or random_bits is not None or seed is not None
-        return (
-            plain
-            and not (stochastic or offset or check_finite)
-            and _cast_kernels.scheme_problem(scheme) is None
-        )
+    real_triton_problem = _cast_kernels.triton_problem
+
+    def triton_problem(t, scheme, *args, **kwargs):  # a CPU tensor taken for a CUDA one
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+            t = torch.empty(t.shape, dtype=t.dtype, device="meta")
+            problem = real_triton_problem(t, scheme, *args, **kwargs)
+            return None if problem == "the input is on meta, not CUDA" else problem
+        return real_triton_problem(t, scheme, *args, **kwargs)
 
     def launch(x, shape, scheme, fmt):  # `_triton_casts._tensor` / `_axis_rows`' allocations
         codes = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)  # no subnormals
@@ -130,7 +128,7 @@ def cuda_path():
 
     _gemm.kernel_problem = kernel_problem
     _gemm._cuda_capability = lambda index: (9, 0)
-    _cast_kernels.use_triton = use_triton
+    _cast_kernels.triton_problem = triton_problem
     _triton_casts._launch, _triton_casts._launch_both = launch, launch_both
     torch._scaled_mm = scaled_mm
     try:
@@ -139,7 +137,7 @@ def cuda_path():
         (
             _gemm.kernel_problem,
             _gemm._cuda_capability,
-            _cast_kernels.use_triton,
+            _cast_kernels.triton_problem,
             _triton_casts._launch,
             _triton_casts._launch_both,
             torch._scaled_mm,
@@ -160,11 +158,15 @@ def time_us(call, calls: int, repeats: int) -> float:
     return best * 1e6
 
 
-def count(call) -> tuple[int, int, dict]:
-    """(aten ops, Triton launches, {op: count}) of one call."""
+def count(call, setup=lambda: None) -> tuple[int, int, dict]:
+    """(aten ops, Triton launches, {op: count}) of one `call(setup())`, after one not
+    counted (a layer's first call decides what the next ones keep); `setup` runs
+    outside the count."""
+    call(setup())
+    arg = setup()
     LAUNCHES[0] = 0
     with OpCounter() as counter:
-        call()
+        call(arg)
     return counter.ops, LAUNCHES[0], counter.names
 
 
@@ -189,7 +191,7 @@ def infer_rows(m: int, k: int, dtype, device, args) -> list[dict]:
     with torch.inference_mode():
         for name, layer in layers.items():
             call = lambda layer=layer: layer(x)  # noqa: E731
-            ops, launches, names = count(call)
+            ops, launches, names = count(lambda _, call=call: call())
             rows.append(
                 {
                     "kind": "infer",
@@ -223,10 +225,8 @@ def train_rows(m: int, k: int, dtype, device, args) -> list[dict]:
         def step(layer=layer):
             layer(x).backward(dy)
 
-        y = forward()
-        fwd_ops, fwd_launches, fwd_names = count(forward)
-        y = forward()
-        bwd_ops, bwd_launches, bwd_names = count(lambda y=y: y.backward(dy))
+        fwd_ops, fwd_launches, fwd_names = count(lambda _, f=forward: f())
+        bwd_ops, bwd_launches, bwd_names = count(lambda y: y.backward(dy), forward)
         rows.append(
             {
                 "kind": "train",
