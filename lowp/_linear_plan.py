@@ -266,10 +266,10 @@ class LinearPlan:
         return self._transposed_operands.get(tensor)
 
     @functools.cached_property
-    def _transposed_operands(self) -> dict:
+    def _transposed_operands(self) -> "dict[str, OperandPlan]":
         """{tensor: the operand reading it transposed}, made once: a training layer asks
         at every call."""
-        found = {}
+        found: dict[str, OperandPlan] = {}
         for gemm in (self.dgrad, self.wgrad):
             for op in () if gemm is None else (gemm.a, gemm.b):
                 if op.transposed:
