@@ -31,7 +31,9 @@ Training layers run with `small_shapes="quantize"` (the fp8 path, which the issu
     python bench/probes/host_calls.py --path cpu --m 1 16     # the CPU path
     python bench/probes/host_calls.py --json out.json         # and the rows as JSON
 
-The same command on a GPU host (`--device cuda`) times the real thing.
+On a GPU host, `--device cuda` runs the real path: µs is then the host's time per call
+(the launches are asynchronous and nothing synchronizes; at these shapes the GPU keeps
+up), ops the aten ops, and the triton column stays 0 (real launches are not counted).
 """
 
 import argparse
