@@ -44,6 +44,7 @@ import pathlib
 import pstats
 import sys
 import time
+import unittest.mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -81,15 +82,7 @@ def cuda_path():
     """The Python path of an sm_90 GPU on CPU tensors (module docstring)."""
     from lowp_torch import _triton_casts
 
-    saved = (
-        _gemm.kernel_problem,
-        _gemm._cuda_capability,
-        _cast_kernels.triton_problem,
-        _triton_casts._launch,
-        _triton_casts._launch_both,
-        torch._scaled_mm,
-    )
-    real_problem = saved[0]
+    real_problem = _gemm.kernel_problem
 
     def scaled_mm(a, b, *, scale_a, scale_b, bias=None, out_dtype, use_fast_accum=False):
         # one op, as cuBLAS's one launch (the CPU's fp8 GEMM takes ms: not host time)
@@ -128,22 +121,18 @@ def cuda_path():
             (torch.zeros((c, r), dtype=torch.uint8), torch.ones(c)),
         )
 
-    _gemm.kernel_problem = kernel_problem
-    _gemm._cuda_capability = lambda index: (9, 0)
-    _cast_kernels.triton_problem = triton_problem
-    _triton_casts._launch, _triton_casts._launch_both = launch, launch_both
-    torch._scaled_mm = scaled_mm
-    try:
+    fakes = (
+        (_gemm, "kernel_problem", kernel_problem),
+        (_gemm, "_cuda_capability", lambda index: (9, 0)),
+        (_cast_kernels, "triton_problem", triton_problem),
+        (_triton_casts, "_launch", launch),
+        (_triton_casts, "_launch_both", launch_both),
+        (torch, "_scaled_mm", scaled_mm),
+    )
+    with contextlib.ExitStack() as stack:
+        for module, name, fake in fakes:
+            stack.enter_context(unittest.mock.patch.object(module, name, fake))
         yield
-    finally:
-        (
-            _gemm.kernel_problem,
-            _gemm._cuda_capability,
-            _cast_kernels.triton_problem,
-            _triton_casts._launch,
-            _triton_casts._launch_both,
-            torch._scaled_mm,
-        ) = saved
 
 
 def time_us(call, calls: int, repeats: int) -> float:

@@ -10,12 +10,11 @@ group giving NaN.
 """
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.torch_frontend.test_triton_casts import _run_interpreted
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -53,7 +52,7 @@ _SCRIPT = textwrap.dedent(
         poisoned = torch.isnan(y).all(dim=1)
         expected = [True] * 4 if isinstance(scheme, lowp.TensorScaling) else [False, False, True, False]
         assert poisoned.tolist() == expected, poisoned
-    print("decode ok")
+    print('"decode ok"')  # the JSON line _run_interpreted reads
     """
 )
 
@@ -61,18 +60,7 @@ _SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_skinny_gemm_within_the_gemm_bound_under_the_interpreter():
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root)
-    result = subprocess.run(
-        [sys.executable, "-c", _SCRIPT],
-        check=False,
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert "decode ok" in result.stdout
+    assert _run_interpreted(_SCRIPT, timeout=600) == "decode ok"
 
 
 def test_skinny_gemm_refuses_what_it_does_not_take():
