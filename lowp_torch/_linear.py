@@ -89,7 +89,8 @@ class _Plan:
     """What one quantize_'d weight's eager calls on one device and input dtype keep
     constant, decided at its first call (`_plan`): the fp8 kernel's weight operand and
     the activation cast. `codes`, `scale`: the weight parts it was made from; a weight
-    whose parts were replaced gets a new plan."""
+    whose parts were replaced gets a new plan. The kept operand is a view of those
+    parts, so an in-place change of them (`copy_`, `load_state_dict`) reaches it."""
 
     __slots__ = (
         "b_codes_t",
@@ -137,6 +138,8 @@ def _plan(x, w, config) -> None:
     ):
         return
     b_codes, b_scale = _gemm.b_operand(w, form)
+    if b_codes.data_ptr() != w.codes.data_ptr() or b_scale.data_ptr() != w.scale.data_ptr():
+        return  # copies (a transposed weight): an in-place change of w would not reach them
     w.__dict__.setdefault("_lowp_plans", {})[(x.device, x.dtype)] = _Plan(
         w, config, form, b_codes, b_scale, x.dtype
     )
