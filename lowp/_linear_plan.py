@@ -34,6 +34,7 @@ transposed.
 """
 
 import dataclasses
+import functools
 import zlib
 
 import numpy as np
@@ -86,7 +87,7 @@ class OperandPlan:
     recipe_seed: int = 0
     role: str = ""
 
-    @property
+    @functools.cached_property
     def plain(self) -> bool:
         """Whether the operand is `quantize(t, scheme)` of its orientation of the tensor
         and nothing more: nearest rounding, no transform. Only then may a frontend take
@@ -130,13 +131,13 @@ class OperandPlan:
         """The operand for messages: "x", "w", "g", or "w.T", "g.T", "x.T" read transposed."""
         return self.tensor + (".T" if self.transposed else "")
 
-    @property
+    @functools.cached_property
     def dims(self) -> tuple[str, str]:
         """The operand's dims as the GEMM reads it, among "M", "K", "N"."""
         dims = TENSOR_DIMS[self.tensor]
         return dims[::-1] if self.transposed else dims
 
-    @property
+    @functools.cached_property
     def reuses_codes(self) -> bool:
         """Whether the operand is the earlier codes of its tensor, transposed, instead of a
         quantization of its own: only where it takes the very scheme the tensor was
@@ -151,14 +152,14 @@ class OperandPlan:
             and self.scheme.permuted((1, 0)) == self.scheme
         )
 
-    @property
+    @functools.cached_property
     def along_first_axis(self) -> _schemes.Scheme | None:
         """For a transposed operand, the scheme that quantizes its tensor where it lies,
         along the first axis (`along_first_axis`); None for packed fp4 or an operand read
         as it lies."""
         return along_first_axis(self.scheme) if self.transposed and self.plain else None
 
-    @property
+    @functools.cached_property
     def shares_scheme(self) -> bool:
         """Whether the tensor's earlier GEMM takes this very scheme and the operand needs
         its own codes along the tensor's first axis (not reused, not packed fp4): a
@@ -262,11 +263,18 @@ class LinearPlan:
         the dgrad's w.T, the wgrad's g.T; None where that GEMM runs in high precision."""
         if tensor not in TENSOR_DIMS:
             raise ValueError(f"a linear layer's tensors are {tuple(TENSOR_DIMS)}, got {tensor!r}")
+        return self._transposed_operands.get(tensor)
+
+    @functools.cached_property
+    def _transposed_operands(self) -> "dict[str, OperandPlan]":
+        """{tensor: the operand reading it transposed}, made once: a training layer asks
+        at every call."""
+        found: dict[str, OperandPlan] = {}
         for gemm in (self.dgrad, self.wgrad):
             for op in () if gemm is None else (gemm.a, gemm.b):
-                if op.tensor == tensor and op.transposed:
-                    return op
-        return None
+                if op.transposed:
+                    found.setdefault(op.tensor, op)
+        return found
 
     def keeps_codes(self, tensor: str) -> bool:
         """Whether the GEMM that quantizes `tensor` as it lies (the forward for x and w,

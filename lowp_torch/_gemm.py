@@ -132,12 +132,13 @@ def scaled_matmul(
             b_codes.t(),
             scale_a=a_scale,
             scale_b=b_scale,
-            bias=F.pad(bias, (0, b_codes.shape[0] - n)) if epilogue_bias else None,
+            bias=_pad_bias(bias, b_codes.shape[0] - n) if epilogue_bias else None,
             out_dtype=kernel_dtype,
             use_fast_accum=fast_accum
             and form != "block",  # cuBLAS block scaling: exact accumulation
         )
-        y = y[:, :n]
+        if y.shape[1] != n:
+            y = y[:, :n]
         if bias is None or epilogue_bias:
             return y
         return (y + bias.to(torch.float32)).to(out_dtype)
@@ -155,7 +156,7 @@ def scaled_matmul(
             # the §7 bound), so the bias always goes in as float32.
             bias_in = None
             if bias is not None:
-                bias_in = F.pad(bias.to(torch.float32), (0, b_codes.shape[-2] - n))
+                bias_in = _pad_bias(bias.to(torch.float32), b_codes.shape[-2] - n)
             if b_codes.dim() == 2:
                 y = ops.f8f8bf16_rowwise(
                     a_codes,
@@ -322,24 +323,46 @@ def _padded_operands(a, b, form: str, pad: bool):
     k, n = a.shape[-1], b.shape[-2]
     pad_k = (-k % 16) if pad else 0
     pad_n = (-n % 16) if pad else 0
+    a_codes, a_scale = a_operand(a, form, pad_k)
+    b_codes, b_scale = b_operand(b, form, pad_k, pad_n)
+    return a_codes, b_codes, a_scale, b_scale, n
+
+
+def a_operand(a, form: str, pad_k: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scales) of the activation a (M, K) as the fp8 kernels take them
+    (`_padded_operands`), K zero-padded by pad_k."""
     a_codes = _cast_kernels.contiguous(_pad_codes(a.codes, (0, pad_k)))
+    if form == "tensorwise":
+        return a_codes, a.scale
+    if form == "rowwise":
+        return a_codes, _row_scales(a).unsqueeze(-1)  # (M, 1): one per row of a
+    if form == "block":
+        # torch._scaled_mm wants 1x128 scales outer-dim-major (M, K/128) with strides
+        # (1, M).
+        return a_codes, a.scale.t().contiguous().t()
+    raise ValueError(f"no fp8 kernel operands for {form}")
+
+
+def b_operand(b, form: str, pad_k: int = 0, pad_n: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scales) of the weight b (N, K) as the fp8 kernels take them
+    (`_padded_operands`), K and N zero-padded by pad_k, pad_n; a constant of an
+    inference layer, which `_linear` keeps between calls."""
     b_codes = _cast_kernels.contiguous(_pad_codes(b.codes, (0, pad_k, 0, pad_n)))
     if form == "tensorwise":
-        a_scale, b_scale = a.scale, b.scale
-    elif form == "rowwise":
-        a_scale = _row_scales(a).unsqueeze(-1)  # (M, 1): one per row of a
-        b_scale = F.pad(_row_scales(b).unsqueeze(-2), (0, pad_n), value=1.0)  # (1, N)
-    elif form == "block":
-        # torch._scaled_mm wants 1x128 scales outer-dim-major (M, K/128) with strides
-        # (1, M), and a 128x128 weight's (N/128, K/128) scales seen transposed.
-        a_scale = a.scale.t().contiguous().t()
+        return b_codes, b.scale
+    if form == "rowwise":
+        return b_codes, _pad_scales(_row_scales(b).unsqueeze(-2), (0, pad_n))  # (1, N)
+    if form == "block":
+        # a 128x128 weight's (N/128, K/128) scales seen transposed
         if _qtensor.scheme_of(b).block == (128, 128):
-            b_scale = b.scale.contiguous().t()
-        else:
-            b_scale = F.pad(b.scale, (0, 0, 0, pad_n), value=1.0).t().contiguous()
-    else:
-        raise ValueError(f"no fp8 kernel operands for {form}")
-    return a_codes, b_codes, a_scale, b_scale, n
+            return b_codes, b.scale.contiguous().t()
+        return b_codes, _pad_scales(b.scale, (0, 0, 0, pad_n)).t().contiguous()
+    raise ValueError(f"no fp8 kernel operands for {form}")
+
+
+def _pad_scales(scale: torch.Tensor, widths: tuple[int, ...]) -> torch.Tensor:
+    """Scales padded with 1.0 (F.pad copies even when every width is 0: a launch)."""
+    return F.pad(scale, widths, value=1.0) if any(widths) else scale
 
 
 def _row_scales(q) -> torch.Tensor:
@@ -349,6 +372,10 @@ def _row_scales(q) -> torch.Tensor:
     if isinstance(_qtensor.scheme_of(q), lowp.TensorScaling):
         return q.scale.expand(q.shape[:-1]).contiguous()
     return q.scale.reshape(q.shape[:-1])
+
+
+def _pad_bias(bias: torch.Tensor, pad_n: int) -> torch.Tensor:
+    return F.pad(bias, (0, pad_n)) if pad_n else bias
 
 
 def _pad_codes(codes: torch.Tensor, widths: tuple[int, ...]) -> torch.Tensor:

@@ -25,7 +25,17 @@ it), which is then the output's, and the GEMM itself runs as it would without au
 import torch
 import torch.nn.functional as F
 
-from lowp_torch import _gemm, _qtensor, _quantize, _tensor_ops, _weight_cache
+import lowp
+from lowp import extend
+from lowp_torch import (
+    _cast_kernels,
+    _gemm,
+    _qtensor,
+    _quantize,
+    _storage,
+    _tensor_ops,
+    _weight_cache,
+)
 
 QuantizedTensor = _qtensor.QuantizedTensor
 
@@ -44,6 +54,14 @@ def linear(
 
 
 def _linear(x, w, bias):
+    planned = False  # whether a `_plan` holds for this weight and x's device and dtype
+    if not torch.compiler.is_compiling():  # first: no __dict__ for Dynamo to trace
+        plans = w.__dict__.get("_lowp_plans")
+        plan = None if plans is None else plans.get((x.device, x.dtype))
+        planned = plan is not None and plan.codes is w.codes and plan.scale is w.scale
+        y = _planned(x, bias, plan) if planned else None
+        if y is not None:
+            return y
     if not isinstance(w, QuantizedTensor):  # a quantized input against a plain weight
         return F.linear(_quantize.dequantize(x, w.dtype), w, bias)
     config = _qtensor.linear_of(w)
@@ -62,7 +80,106 @@ def _linear(x, w, bias):
             x.requires_grad or (bias is not None and bias.requires_grad)
         ):
             return _StraightThrough.apply(x, bias, w, config)
+        if not planned and w.dim() == 2 and not torch.compiler.is_compiling():
+            _plan(x, w, config)
         return _quantized_input(x, w, bias, config)
+
+
+class _Plan:
+    """What one quantize_'d weight's eager calls on one device and input dtype keep
+    constant, decided at its first call (`_plan`): the fp8 kernel's weight operand and
+    the activation cast. `codes`, `scale`: the weight parts it was made from; a weight
+    whose parts were replaced gets a new plan. The kept operand is a view of those
+    parts, so an in-place change of them (`copy_`, `load_state_dict`) reaches it."""
+
+    __slots__ = (
+        "b_codes_t",
+        "b_scale",
+        "codes",
+        "epilogue_bias",
+        "fast_accum",
+        "fmt",
+        "form",
+        "scale",
+        "scheme",
+    )
+
+    def __init__(self, w, config, form, b_codes, b_scale, dtype):
+        self.codes, self.scale = w.codes, w.scale
+        # `scaled_matmul` adds a bias of a 16-bit output's dtype in the kernel's epilogue
+        self.epilogue_bias = dtype != torch.float32
+        self.scheme, self.form, self.fast_accum = config.activation, form, config.fast_accum
+        self.fmt = extend.element_format(config.activation.fmt)
+        self.b_codes_t, self.b_scale = b_codes.t(), b_scale
+
+
+def _plan(x, w, config) -> None:
+    """Decide once, for x's device and dtype, whether this weight's calls can take the
+    planned path (`_planned`): the fp8 kernel `torch._scaled_mm` chosen by
+    `scaled_matmul(kernel="auto")`'s rules for any M (they depend on the device, the
+    dtypes, the scheme pair and K, N only), no padding, and the activation cast on the
+    Triton kernels (`_cast_kernels.triton_problem`). Where it cannot, nothing is kept
+    and the general path runs, as it did."""
+    scheme = config.activation
+    if (
+        config.kernel not in ("auto", "scaled_mm")
+        or type(x) is not torch.Tensor
+        or _storage.traced(x)
+        or not isinstance(scheme, (lowp.TensorScaling, lowp.AxisScaling))
+        or _cast_kernels.triton_problem(x, scheme, "nearest", None, None, 0, False) is not None
+    ):
+        return
+    rows = x.reshape(-1, x.shape[-1])
+    a = _quantize.quantize(rows[:0], scheme)  # an empty one: its scheme, dtype and device
+    form = _gemm.gemm_form(a, w)
+    if form not in ("tensorwise", "rowwise") or (
+        _gemm.kernel_problem("scaled_mm", a, w, form, x.dtype) is not None
+        or _gemm.shape_problem(a, w) is not None
+    ):
+        return
+    b_codes, b_scale = _gemm.b_operand(w, form)
+    if b_codes.data_ptr() != w.codes.data_ptr() or b_scale.data_ptr() != w.scale.data_ptr():
+        return  # copies (a transposed weight): an in-place change of w would not reach them
+    w.__dict__.setdefault("_lowp_plans", {})[(x.device, x.dtype)] = _Plan(
+        w, config, form, b_codes, b_scale, x.dtype
+    )
+
+
+def _planned(x, bias, plan):
+    """The planned call (`_plan`): `_quantized_input`'s bytes and kernel, without its
+    per-call checks and wrappers; None where this call needs the general path (autocast,
+    grad, a `cast_kernels("torch")` block, torch.compile, a bias of another dtype)."""
+    if (
+        type(x) is not torch.Tensor
+        or (bias is not None and not (plan.epilogue_bias and bias.dtype == x.dtype))
+        or (
+            torch.is_grad_enabled()
+            and (x.requires_grad or (bias is not None and bias.requires_grad))
+        )
+        or torch.is_autocast_enabled(x.device.type)
+        or _cast_kernels.current_mode() == "torch"
+        or torch.compiler.is_compiling()
+    ):
+        return None
+    from lowp_torch import _triton_casts  # imported by the general path's first call
+
+    k = x.shape[-1]
+    rows = x.reshape(-1, k) if x.dim() != 2 else x
+    rows = rows.contiguous()
+    with _triton_casts._on_device(rows):
+        codes, scale = _triton_casts._launch(rows, tuple(rows.shape), plan.scheme, plan.fmt)
+    if plan.form == "rowwise":
+        scale = scale.unsqueeze(-1)  # (M, 1)
+    y = torch._scaled_mm(
+        _storage.as_stored(codes, _storage.CODE_DTYPES[plan.fmt.name]),
+        plan.b_codes_t,
+        scale_a=scale,
+        scale_b=plan.b_scale,
+        bias=bias,
+        out_dtype=x.dtype,
+        use_fast_accum=plan.fast_accum,
+    )
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def _quantized_input(x, w, bias, config):

@@ -100,25 +100,9 @@ class QuantizedTensor(torch.Tensor):
         shape = _check_fields(
             codes, scale, global_scale, scheme, shape, hp_dtype, scale_layout, linear
         )
-        self = torch.Tensor._make_wrapper_subclass(
-            cls,
-            shape,
-            strides=_logical_strides(codes, scheme, shape),
-            dtype=hp_dtype,
-            device=codes.device,
-            requires_grad=False,
+        return _build(
+            cls, codes, scale, global_scale, scheme, shape, hp_dtype, scale_layout, linear
         )
-        for name, value in (
-            ("codes", codes),
-            ("scale", scale),
-            ("global_scale", global_scale),
-            ("_scheme_key", _key(scheme)),
-            ("hp_dtype", hp_dtype),
-            ("scale_layout", scale_layout),
-            ("_linear_key", None if linear is None else _key(linear)),
-        ):
-            object.__setattr__(self, name, value)
-        return self
 
     @property
     def scheme(self) -> lowp.Scheme:
@@ -317,6 +301,47 @@ def replace(q: QuantizedTensor, **changes) -> QuantizedTensor:
     }
     fields.update(changes)
     return QuantizedTensor(**fields)
+
+
+def _build(cls, codes, scale, global_scale, scheme, shape, hp_dtype, scale_layout, linear):
+    """The wrapper of fields already checked (`_check_fields`)."""
+    self = torch.Tensor._make_wrapper_subclass(
+        cls,
+        shape,
+        strides=_logical_strides(codes, scheme, shape),
+        dtype=hp_dtype,
+        device=codes.device,
+        requires_grad=False,
+    )
+    for name, value in (
+        ("codes", codes),
+        ("scale", scale),
+        ("global_scale", global_scale),
+        ("_scheme_key", _key(scheme)),
+        ("hp_dtype", hp_dtype),
+        ("scale_layout", scale_layout),
+        ("_linear_key", None if linear is None else _key(linear)),
+    ):
+        object.__setattr__(self, name, value)
+    return self
+
+
+def view_of(q: QuantizedTensor, codes, scale, scheme, shape: tuple) -> QuantizedTensor:
+    """q's view with `codes`, `scale`, `scheme` and `shape`, whose fields are not checked
+    again: for a shape op that derives all four from q's own, consistently (`_tensor_ops.
+    permute`), where `replace`'s checks, at every call of a training layer, would only
+    confirm what the op's rule already guarantees."""
+    return _build(
+        QuantizedTensor,
+        codes,
+        scale,
+        q.global_scale,
+        scheme,
+        shape,
+        q.hp_dtype,
+        q.scale_layout,
+        linear_of(q),
+    )
 
 
 def with_scale_layout(q: QuantizedTensor, layout: str) -> QuantizedTensor:

@@ -21,6 +21,7 @@ scheme's to say (`permuted`, `reshaped`, `selected`, and `tiles` for slices and 
 these functions hold no rule of any one scheme class.
 """
 
+import functools
 import math
 
 import torch
@@ -118,7 +119,8 @@ def permute(q, dims: list[int], *, op: str):
             "it would move packed fp4 codes off the last axis, "
             "where the two nibbles of a byte are neighbours",
         )
-    new_scheme = scheme.permuted(dims)
+    compiling = torch.compiler.is_compiling()  # no lru_cache for Dynamo to trace
+    new_scheme = scheme.permuted(dims) if compiling else _permuted(scheme, tuple(dims))
     if new_scheme is None:
         return _no_quantized_form(
             q,
@@ -129,7 +131,14 @@ def permute(q, dims: list[int], *, op: str):
         )
     codes, shape = q.codes.permute(dims), tuple(q.shape[d] for d in dims)
     scale = q.scale.permute(dims) if q.scale.dim() == rank else q.scale  # () for one scale
-    return _qt.replace(q, codes=codes, scale=scale, scheme=new_scheme, shape=shape)
+    return _qt.view_of(q, codes, scale, new_scheme, shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _permuted(scheme, dims: tuple[int, ...]):
+    """`scheme.permuted(dims)`, made once per scheme and permutation (a training layer
+    transposes its operands at every call)."""
+    return scheme.permuted(list(dims))
 
 
 def reshape(q, shape, *, op: str):

@@ -294,11 +294,14 @@ def quantized_linear(
     (see `lowp_torch.Linear`).
     """
     device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):
+    autocast = torch.is_autocast_enabled(device_type)
+    if autocast:
         x = x.to(torch.get_autocast_dtype(device_type))
     grad_enabled = torch.is_grad_enabled()
     if grad_enabled and weight.requires_grad:  # else no wgrad GEMM will run
         check_tokens(plan, x, weight, lowering)
+    if not autocast:  # no block to enter (its Python is host time at every call)
+        return _LinearFunction.apply(x, weight, bias, main_grad, plan, lowering, grad_enabled)
     # The emulated GEMMs are float32 matmuls: autocast must not lower them.
     with torch.autocast(device_type, enabled=False):
         return _LinearFunction.apply(x, weight, bias, main_grad, plan, lowering, grad_enabled)
