@@ -182,15 +182,23 @@ def first_call_costs(compiled, inputs) -> dict:
     }
 
 
-def compare_compiled(layers: int, preset: str) -> dict:
-    """Eager against compiled, per Linear and at the last hidden state."""
+def quantized(model: torch.nn.Module, preset: str, record: bool) -> tuple:
+    """`model` quantized with `preset` ("float": left float), its Linears `Recorded` if
+    `record`; and the list of their calls (empty if nothing is recorded)."""
+    if preset == "float":
+        return model, []
+    lowp_torch.quantize_(model, preset)
+    return model, record_linears(model) if record else []
+
+
+def compare_compiled(layers: int, preset: str, unwrapped: bool = False) -> dict:
+    """Eager against compiled, per Linear and at the last hidden state. `unwrapped`:
+    the `quantize_`d layers as they are, nothing recorded (the last hidden state and
+    the compile only)."""
     import torch._inductor.config as inductor_config
 
-    model, inputs = small_bert(layers), batch()
-    calls: list = []
-    if preset != "float":
-        lowp_torch.quantize_(model, preset)
-        calls = record_linears(model)
+    model, calls = quantized(small_bert(layers), preset, record=not unwrapped)
+    inputs = batch()
     eager = forward(model, inputs)
     eager_calls = list(calls)
     calls.clear()
@@ -211,6 +219,7 @@ def compare_compiled(layers: int, preset: str) -> dict:
     return {
         "layers": layers,
         "preset": preset,
+        "unwrapped": unwrapped,
         "torch": torch.__version__,
         "linears": linears,
         "last_hidden_state": difference(eager, compiled),
@@ -221,11 +230,7 @@ def compare_compiled(layers: int, preset: str) -> dict:
 def nudged(layers: int, preset: str, seed: int = 0) -> dict:
     """Eager against eager with the embedding output one ulp up in about half its elements."""
     float_model, inputs = small_bert(layers), batch()
-    model = copy.deepcopy(float_model)
-    calls: list = []
-    if preset != "float":
-        lowp_torch.quantize_(model, preset)
-        calls = record_linears(model)
+    model, calls = quantized(copy.deepcopy(float_model), preset, record=True)
     plain = forward(model, inputs)
     plain_calls = list(calls)
     calls.clear()
@@ -266,15 +271,17 @@ def main(argv=None) -> dict:
     parser.add_argument("--layers", type=int, default=1, help="encoder layers kept (1-6)")
     parser.add_argument("--preset", default="float8_rowwise", help="an inference preset, or float")
     parser.add_argument("--nudge", action="store_true", help="eager against a 1-ulp nudge")
+    parser.add_argument(
+        "--unwrapped", action="store_true", help="compile the quantize_d layers as they are"
+    )
     parser.add_argument("--out", type=pathlib.Path, help="write the result as JSON here")
     args = parser.parse_args(argv)
     if not 1 <= args.layers <= 6:
         parser.error(f"--layers must be 1 to 6 (MiniLM has 6), got {args.layers}")
-    result = (
-        nudged(args.layers, args.preset)
-        if args.nudge
-        else compare_compiled(args.layers, args.preset)
-    )
+    if args.nudge:
+        result = nudged(args.layers, args.preset)
+    else:
+        result = compare_compiled(args.layers, args.preset, args.unwrapped)
     for row in result["linears"]:
         verdict = (
             f"codes moved {row['codes_moved']}"
