@@ -7,6 +7,7 @@ once. Group handling lives in `_groups`, the element encoder in `_formats`.
 
 import contextlib
 import math
+from types import EllipsisType
 from typing import NamedTuple
 
 import ml_dtypes
@@ -64,21 +65,67 @@ def _random_source(x: np.ndarray, rounding, random_bits, seed, offset, name) -> 
     return source
 
 
-def _as_rows(x: np.ndarray, scheme: _schemes.Scheme) -> tuple[np.ndarray, _schemes.Scheme]:
-    """`x` viewed with its leading dims merged (a 0-d one as one element), and the scheme
-    that groups the view as `scheme` groups `x`, where both exist; else `x` and `scheme`.
-    Slabs are cut along axis 0, so merging lets a rank-3 expert stack be cut finely."""
-    if x.ndim == 0:
-        new: tuple[int, ...] = (1,)
-    elif x.ndim > 2:
-        new = (math.prod(x.shape[:-1]), x.shape[-1])
-    else:
-        return x, scheme
-    merged = scheme.reshaped(x.shape, new)
-    if merged is None or not x.flags.c_contiguous:  # a strided input: cut it as it is
-        return x, scheme
-    view = x.reshape(new)  # a view of a C-contiguous array
-    return view, merged
+class SlabPlan(NamedTuple):
+    """How `quantize` cuts an input into slabs of rows (`slab_plan`); the torch frontend
+    cuts its eager CPU calls the same way (`lowp.extend.slab_plan`)."""
+
+    shape: tuple[int, ...]  # the shape the slabs cut: the input's, or its leading dims merged
+    scheme: _schemes.Scheme  # the scheme that groups `shape` as the given one groups the input
+    slabs: list[tuple[int, int]]  # row ranges along axis 0: whole groups, whole float4 bytes
+    amax_first: bool  # a group spans every slab (or NVFP4's global scale): amax over all first
+
+    @property
+    def row_size(self) -> int:
+        """Elements a row of `shape`: a slab from row `start` begins at flat index
+        `start * row_size` of the input (stochastic rounding's bits follow it)."""
+        return math.prod(self.shape[1:])
+
+    def groups(self, start: int, stop: int) -> slice | EllipsisType:
+        """The scales of rows `start:stop`: a slice along axis 0 of the plain scale
+        shape of `shape`, or all of them (`...`) where a group spans axis 0."""
+        return _groups.slab_groups(start, stop, self.scheme, len(self.shape))
+
+
+def slab_plan(
+    shape: tuple[int, ...],
+    scheme: _schemes.Scheme,
+    chunk_elements: int,
+    *,
+    contiguous: bool = True,
+    name: str = "input",
+) -> SlabPlan:
+    """Slabs of about `chunk_elements` elements (at least one row, or one row of groups)
+    for quantizing an input of `shape` (which `scheme` admits) a slab at a time.
+
+    Leading dims merge into one (a 0-d input is one element) where the scheme groups the
+    merged shape alike and the input is `contiguous` (the merge is then a view), so a
+    rank-3 expert stack is cut as finely as a matrix. `check_chunk_elements` first.
+    """
+    check_chunk_elements(chunk_elements, name)
+    shape, rows_scheme = tuple(int(n) for n in shape), scheme
+    new: tuple[int, ...] | None = None
+    if not shape:
+        new = (1,)
+    elif len(shape) > 2:
+        new = (math.prod(shape[:-1]), shape[-1])
+    if new is not None and contiguous:
+        merged = scheme.reshaped(shape, new)
+        if merged is not None:
+            shape, rows_scheme = new, merged
+    slabs = _groups.slabs(shape, rows_scheme, chunk_elements)
+    if _formats.element_format(scheme.fmt).name == "float4_e2m1fn" and len(shape) == 1:
+        slabs = _whole_bytes(slabs)
+    nvfp4_global = scheme.family == "nvfp4" and scheme.global_scale  # type: ignore[union-attr]
+    amax_first = rows_scheme.tiles(len(shape))[0] is None or bool(nvfp4_global)
+    return SlabPlan(shape, rows_scheme, slabs, amax_first)
+
+
+def check_chunk_elements(chunk_elements, name: str = "input") -> None:
+    """TypeError / ValueError naming `name` unless `chunk_elements` is a positive int."""
+    if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int):
+        raise TypeError(f"{name}: chunk_elements must be an int, got {chunk_elements!r:.80}")
+    if chunk_elements < 1:
+        raise ValueError(f"{name}: chunk_elements must be positive, got {chunk_elements}")
 
 
 def _whole_bytes(slabs: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -191,27 +238,20 @@ def quantize(
     x, hp_dtype = _hp_input(x, name)
     shape = x.shape
     scheme.check_shape(shape)
-    if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int):
-        raise TypeError(f"{name}: chunk_elements must be an int, got {chunk_elements!r}")
-    if chunk_elements < 1:
-        raise ValueError(f"{name}: chunk_elements must be positive, got {chunk_elements}")
     source = _random_source(x, rounding, random_bits, seed, offset, name)
     fmt = _formats.element_format(scheme.fmt)
-    rows, row_scheme = _as_rows(x, scheme)
+    plan = slab_plan(shape, scheme, chunk_elements, contiguous=x.flags.c_contiguous, name=name)
+    rows, row_scheme, slabs = x.reshape(plan.shape), plan.scheme, plan.slabs
     random_rows = None if random_bits is None else np.reshape(random_bits, rows.shape)
     packed = fmt.name == "float4_e2m1fn"
-    slabs = _groups.slabs(rows.shape, row_scheme, chunk_elements)
-    if packed and rows.ndim == 1:
-        slabs = _whole_bytes(slabs)
-    row_size = math.prod(rows.shape[1:])
+    row_size = plan.row_size
 
     # Groups that span axis 0, and NVFP4's global scale, need every slab's amax first.
-    nvfp4_global = scheme.family == "nvfp4" and scheme.global_scale  # type: ignore[union-attr]
     amax_bits = None
-    if row_scheme.tiles(rows.ndim)[0] is None or nvfp4_global:
+    if plan.amax_first:
         amax_bits = np.zeros(row_scheme.scale_shape(rows.shape), np.uint32)
         for start, stop in slabs:
-            part = amax_bits[_groups.slab_groups(start, stop, row_scheme, rows.ndim)]
+            part = amax_bits[plan.groups(start, stop)]
             np.maximum(part, _groups.group_max(_abs_bits(rows[start:stop]), row_scheme), out=part)
         amax_bits = np.where(amax_bits <= _bits.MANT_MASK, np.uint32(0), amax_bits)
     nvfp4 = _nvfp4_global(amax_bits, scheme) if scheme.family == "nvfp4" else None
@@ -221,7 +261,7 @@ def quantize(
     scale = np.empty(row_scheme.scale_shape(rows.shape), scale_dtype)
     scratch = _rounding.Scratch()
     for start, stop in slabs:
-        groups = _groups.slab_groups(start, stop, row_scheme, rows.ndim)
+        groups = plan.groups(start, stop)
         xf = np.ascontiguousarray(rows[start:stop], dtype=np.float32)
         absb = None if amax_bits is not None and scheme.family == "float" else _bits.abs_bits(xf)
         if amax_bits is not None:
@@ -272,7 +312,7 @@ def quantize(
             codes[start:stop] = _layouts.pack_fp4(slab_codes)
 
     global_scale = None
-    if nvfp4 is not None and nvfp4_global:
+    if nvfp4 is not None and scheme.global_scale:  # type: ignore[union-attr]
         stored = _bits.from_bits(_bits.NAN_F32) if nvfp4.poisoned else nvfp4.s_dec
         global_scale = np.asarray(stored, dtype=np.float32).reshape(())
     return _qtensor.QTensor(
