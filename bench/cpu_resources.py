@@ -10,8 +10,9 @@ output included. Then it times more calls: the median wall time, and the
 CPU time of the process (on a machine shared with other work, the steadier of the two).
 The plain casts (`x.astype(ml_dtypes.float8_e4m3fn)` or `x.to(torch.float8_e4m3fn)`, and
 to the scheme's own element format where the library has it) are timed in the same child,
-in turn with the call; the cast's peak is measured in a child of its own. torch's cast is
-several times faster than ml_dtypes' (it runs on every core), so the torch rows' ratios
+in turn with the call; the cast's peak is measured in a child of its own. The torch
+child runs on one thread (`torch.set_num_threads(1)`), the call and its cast alike;
+torch's cast is still several times faster than ml_dtypes', so the torch rows' ratios
 are against a harder bar.
 
     python bench/cpu_resources.py                              # 8192x8192, float32 and bf16
@@ -113,6 +114,9 @@ def child(args) -> dict:
     if args.path == "torch":
         import torch
 
+        # One thread, as the reference and ml_dtypes run: on a shared machine intra-op
+        # threads wait on each other at every op, and the CPU time counts their spinning.
+        torch.set_num_threads(1)
         x = torch.from_numpy(x.view(np.int16) if args.dtype == "bfloat16" else x)  # no copy
         x = x.view(torch.bfloat16) if args.dtype == "bfloat16" else x
     casts = _casts(args.path, x)

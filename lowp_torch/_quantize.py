@@ -311,7 +311,12 @@ def _element_codes(xf, multiplier, poisoned, scheme, fmt, random, on_host: bool 
     products (a float32 subnormal rounds to the signed zero its flush gives, in every
     element format and either rounding) and the poison mask where nothing is poisoned
     (`_encode_elements`)."""
-    v = xf * _groups.expand(multiplier, scheme, tuple(xf.shape))
+    shape = tuple(xf.shape)
+    grid, full, padded = extend.group_broadcast(shape, scheme)
+    if on_host and tuple(padded) == shape:  # whole tiles: multiply in the split view
+        v = (xf.reshape(full) * multiplier.reshape(grid)).reshape(shape)
+    else:
+        v = xf * _groups.expand(multiplier, scheme, shape)
     if not on_host:
         v = _bits.ftz(v)
     codes = _encode_elements(v, fmt, random, poisoned, scheme, on_host)
