@@ -36,6 +36,11 @@ def _hp_input(x, name: str) -> tuple[np.ndarray, str]:
             f"{name}: lowp.quantize takes a numpy array, got {type(x).__name__}; "
             "use lowp_torch / lowp_jax for framework tensors"
         )
+    if x.dtype.byteorder == ">":  # else "dtype >f4 is not float32": it is, byte-swapped
+        raise TypeError(
+            f"{name}: a big-endian array ({x.dtype.str}); lowp reads little-endian bit "
+            "patterns: convert it with x.astype(x.dtype.newbyteorder('<'))"
+        )
     if x.dtype == np.float64:
         raise TypeError(
             f"{name}: float64 input is refused (float64 -> float32 -> float8 rounds twice); "

@@ -55,6 +55,11 @@ def _hp_input(t, name: str) -> torch.Tensor:
         )
     if isinstance(t, _qtensor.QuantizedTensor):
         raise TypeError(f"{name}: already quantized ({t.scheme}); dequantize() it first")
+    if t.layout != torch.strided:  # else "reshape is not implemented for sparse tensors"
+        raise TypeError(
+            f"{name}: a {t.layout} tensor of shape {tuple(t.shape)}; lowp quantizes dense "
+            "tensors: convert it with t.to_dense()"
+        )
     if t.dtype == torch.float64:
         raise TypeError(
             f"{name}: float64 input is refused (float64 -> float32 -> float8 rounds twice); "
