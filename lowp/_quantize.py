@@ -117,7 +117,10 @@ def slab_plan(
         merged = scheme.reshaped(shape, new)
         if merged is not None:
             shape, rows_scheme = new, merged
-    slabs = _groups.slabs(shape, rows_scheme, chunk_elements)
+    if 0 in shape[1:]:  # no element: one slab, however many empty rows a shape claims
+        slabs = [(0, shape[0])]
+    else:
+        slabs = _groups.slabs(shape, rows_scheme, chunk_elements)
     if _formats.element_format(scheme.fmt).name == "float4_e2m1fn" and len(shape) == 1:
         slabs = _whole_bytes(slabs)
     nvfp4_global = scheme.family == "nvfp4" and scheme.global_scale  # type: ignore[union-attr]
@@ -417,15 +420,19 @@ def poisoned_groups(q: _qtensor.QTensor) -> np.ndarray:
     raise TypeError(f"unknown scheme family {family!r} of {q.scheme!r}")
 
 
-def dequantize(q: _qtensor.QTensor, out_dtype: str | None = None) -> np.ndarray:
+def dequantize(
+    q: _qtensor.QTensor, out_dtype: str | None = None, *, chunk_elements: int = CHUNK_ELEMENTS
+) -> np.ndarray:
     """The values `q` stands for, as `out_dtype` (default: the dtype it was quantized from).
 
     Poisoned groups give the canonical NaN of `out_dtype`; everything else is
-    `RN_out(ftz(RN32(value(code) * scale)))` per spec §3.
+    `RN_out(ftz(RN32(value(code) * scale)))` per spec §3. The work goes a slab of rows at
+    a time, cut as `quantize` cuts them, so memory beyond the output stays a few slabs.
 
     Args:
       q: a QTensor from `quantize` or `load`.
       out_dtype: "float32", "bfloat16", "float16" or None.
+      chunk_elements: about how many elements a slab holds; never changes the result.
     """
     if not isinstance(q, _qtensor.QTensor):
         raise TypeError(f"dequantize takes a lowp.QTensor, got {type(q).__name__}")
@@ -440,10 +447,37 @@ def dequantize(q: _qtensor.QTensor, out_dtype: str | None = None) -> np.ndarray:
         )
     scheme = q.scheme
     fmt = _formats.element_format(scheme.fmt)
-    codes = _layouts.unpack_fp4(q.codes) if fmt.name == "float4_e2m1fn" else q.codes
-    values = _formats.decode(codes, fmt)
-    scale = _plain_scale(q)
+    packed = fmt.name == "float4_e2m1fn"
+    plan = slab_plan(q.shape, scheme, chunk_elements, contiguous=q.codes.flags.c_contiguous)
+    rows_scheme, scale_shape = plan.scheme, plan.scheme.scale_shape(plan.shape)
+    codes = q.codes.reshape(plan.shape[:-1] + (plan.shape[-1] // 2 if packed else plan.shape[-1],))
+    scale = np.reshape(_plain_scale(q), scale_shape)
+    poisoned = np.reshape(poisoned_groups(q), scale_shape)
+    s_dec = np.float32(1) if q.global_scale is None else _bits.ftz(q.global_scale)
+    out = np.empty(plan.shape, _NUMPY_DTYPES[out_dtype])
+    for start, stop in plan.slabs:
+        groups = plan.groups(start, stop)
+        if packed and len(plan.shape) == 1:  # two elements a byte along the axis cut
+            slab_codes = _layouts.unpack_fp4(codes[start // 2 : stop // 2])
+        elif packed:
+            slab_codes = _layouts.unpack_fp4(codes[start:stop])
+        else:
+            slab_codes = codes[start:stop]
+        out[start:stop] = _dequantize_slab(
+            _formats.decode(slab_codes, fmt),
+            scale[groups],
+            poisoned[groups],
+            s_dec,
+            rows_scheme,
+            out_dtype,
+        )
+    return out.reshape(q.shape)
 
+
+def _dequantize_slab(values, scale, poisoned, s_dec, scheme, out_dtype: str) -> np.ndarray:
+    """`dequantize`'s arithmetic on the decoded values of a slab whose groups' stored
+    scales are `scale` (plain layout), poisoned where `poisoned` says."""
+    shape = values.shape
     # A finite input near FLT_MAX can dequantize to +-Inf where the scale rounded up
     # (pow2, MX ceil/rceil): IEEE rounding of the product, documented, not warned about.
     with np.errstate(over="ignore", invalid="ignore"):
@@ -451,19 +485,18 @@ def dequantize(q: _qtensor.QTensor, out_dtype: str | None = None) -> np.ndarray:
         # matters only for a hand-made one (quantize's are >= EPS / max, normal).
         if scheme.family == "float":
             scale = _bits.ftz(np.asarray(scale, np.float32))
-            out = np.multiply(values, _groups.expand(scale, scheme, q.shape), dtype=np.float32)
+            out = np.multiply(values, _groups.expand(scale, scheme, shape), dtype=np.float32)
         elif scheme.family == "mx":
             exponent = np.where(scale == 0xFF, 127, scale.astype(np.int64)) - 127
-            out = _bits.mul_pow2(values, _groups.expand(exponent, scheme, q.shape))
+            out = _bits.mul_pow2(values, _groups.expand(exponent, scheme, shape))
         elif scheme.family == "nvfp4":
-            s_dec = np.float32(1) if q.global_scale is None else _bits.ftz(q.global_scale)
             p = _bits.ftz(np.multiply(_formats.decode(scale, _E4M3), s_dec, dtype=np.float32))
-            out = np.multiply(values, _groups.expand(p, scheme, q.shape), dtype=np.float32)
+            out = np.multiply(values, _groups.expand(p, scheme, shape), dtype=np.float32)
         else:
             raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
 
     out = _bits.ftz(out)
-    poisoned = _groups.expand(poisoned_groups(q), scheme, q.shape) | np.isnan(out)
+    poisoned = _groups.expand(poisoned, scheme, shape) | np.isnan(out)
     with np.errstate(over="ignore"):  # RN_out may overflow float16 to +-Inf, as IEEE says
         result = out.astype(_NUMPY_DTYPES[out_dtype])
     nan = np.array(
