@@ -10,13 +10,17 @@ side (`_timing.time_interleaved`: the machine's load drifts alike for all), unde
 `torch.inference_mode()`, with the threads torch has (`threads` in each row).
 
 A row: the preset (None for the float model), the median forward time, its ratio to
-the float model's, and the cosine of the mean-pooled embedding against the float
-model's (the worst over the sentences), so a speed-up that broke the numerics shows.
+the float model's, the same for the forward's CPU time (`cpu_ms`: the thread's CPU
+time, the least over `CPU_REPEATS` interleaved rounds, which other processes on a
+loaded machine disturb far less than the wall time), and the cosine of the mean-pooled
+embedding against the float model's (the worst over the sentences), so a speed-up that
+broke the numerics shows.
 
     PYTHONPATH=. python bench/run.py --sections cpu_model --device cpu --out FILE
 """
 
 import copy
+import time
 
 import torch
 
@@ -54,6 +58,20 @@ def _embedding(model, batch: dict) -> torch.Tensor:
     return (hidden * mask).sum(1) / mask.sum(1)
 
 
+CPU_REPEATS = 5
+
+
+def thread_cpu_ms(calls, repeats: int = CPU_REPEATS) -> list[float]:
+    """Each call's thread CPU time in ms, the least over `repeats` interleaved rounds."""
+    best = [float("inf")] * len(calls)
+    for _ in range(repeats):
+        for i, call in enumerate(calls):
+            start = time.thread_time()
+            call()
+            best[i] = min(best[i], (time.thread_time() - start) * 1e3)
+    return best
+
+
 def measure(presets, batch_size: int, timing: _timing.Timing) -> list[dict]:
     """One row for the float model and one per preset, timed side by side."""
     import lowp_torch
@@ -71,6 +89,7 @@ def measure(presets, batch_size: int, timing: _timing.Timing) -> list[dict]:
         ]
         calls = [lambda m=m: m(**batch) for m in models]
         measured = _timing.time_interleaved(calls, _timing.torch_sync(torch.device("cpu")), timing)
+        cpu_ms = thread_cpu_ms(calls)
     tokens = int(batch["attention_mask"].numel())
     float_ms = measured[0].ms
     return [
@@ -82,9 +101,11 @@ def measure(presets, batch_size: int, timing: _timing.Timing) -> list[dict]:
             "threads": torch.get_num_threads(),
             "ms": m.ms,
             "vs_float": m.ms / float_ms,
+            "cpu_ms": cpu,
+            "cpu_vs_float": cpu / cpu_ms[0],
             "min_cosine_vs_float": cosine,
         }
-        for preset, m, cosine in zip((None, *presets), measured, cosines, strict=True)
+        for preset, m, cpu, cosine in zip((None, *presets), measured, cpu_ms, cosines, strict=True)
     ]
 
 
@@ -92,6 +113,7 @@ def format_row(row) -> str:
     preset = row["preset"] or "float32"
     return (
         f"{preset:>20} {row['ms']:9.1f} ms  {row['vs_float']:5.2f}x float  "
+        f"cpu {row['cpu_ms']:7.1f} ms {row['cpu_vs_float']:5.2f}x  "
         f"cosine {row['min_cosine_vs_float']:.4f}  batch {row['batch']} "
         f"threads {row['threads']}"
     )

@@ -10,8 +10,10 @@ beside a rowwise one repeated per row), all before timing; each GEMM then runs w
 recipe's fast-accumulation flag and a bfloat16 output. A GEMM the recipe keeps in high
 precision (the `_gw_hp` wgrad) is the bf16 matmul the layer runs.
 
-MX recipes have no fp8 GEMM on Hopper (block scales inside the K loop need sm_100's
-block-scaled GEMM): their limit is reported as None with that reason.
+The blockwise recipes' 1x128 / 128x128 operands take `torch._scaled_mm`'s block-scaled
+forms on sm_90 (exact accumulation, as the layer runs them). MX recipes have no fp8 GEMM
+on Hopper (block scales inside the K loop need sm_100's block-scaled GEMM): their limit
+is reported as None with that reason.
 """
 
 import torch
@@ -38,13 +40,13 @@ def gemm_calls(recipe: lowp.Recipe, x, weight, dy) -> list:
             calls.append(lambda a=a, b=b: a @ b.t())
             continue
         form = _gemm.gemm_form(*pair)
-        if form not in ("tensorwise", "rowwise"):
+        if form not in ("tensorwise", "rowwise", "block"):
             raise ValueError(
                 f"{recipe.name} {gemm}: {form} operands have no torch._scaled_mm kernel on "
                 "this GPU (MX needs sm_100's block-scaled GEMM)"
             )
         a_codes, b_codes, a_scale, b_scale, _ = _gemm._padded_operands(*pair, form, False)
-        fast_accum = getattr(recipe, gemm).fast_accum
+        fast_accum = getattr(recipe, gemm).fast_accum and form != "block"  # as _gemm runs it
         calls.append(
             lambda a=a_codes, b=b_codes, sa=a_scale, sb=b_scale, fast=fast_accum: torch._scaled_mm(
                 a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast

@@ -656,15 +656,18 @@ _ROW_IDENTITY = {
 
 
 def merge(paths) -> dict:
-    """Several runs' results files as one, for a run split over GPU calls. Split by
-    section: every ratio compares rows of one section, so each stays within one run.
-    Skips and errors are concatenated; a row measured in two files counts as the later,
+    """Several runs' results files as one, for a run split over GPU calls. Every ratio
+    compares rows of one run: the summary is each file's own, merged value by value,
+    the later file's winning where both measured it (a recipe re-measured at a shape
+    replaces only its own ratios there, each over the bf16 of its own run). The rows:
+    skips and errors are concatenated; a row measured in two files counts as the later,
     and in a section of shapes (its rows keyed by M, K, N) a shape measured again is
-    the later file's alone: its recipes are compared with the bf16 of their own run."""
-    merged = {"meta": [], "sections": {}}
+    the later file's alone."""
+    merged: dict = {"meta": [], "sections": {}, "summary": {}}
     for path in paths:
         one = json.loads(pathlib.Path(path).read_text())
         merged["meta"].append(one["meta"])
+        _merge_summary(merged["summary"], summary.build(one["sections"]))
         for name, sec in one["sections"].items():
             into = merged["sections"].setdefault(
                 name, {"rows": [], "skipped": [], "errors": [], "notes": [], "seconds": 0.0}
@@ -679,8 +682,20 @@ def merge(paths) -> dict:
             for key in ("skipped", "errors", "notes"):
                 into[key] += sec[key]
             into["seconds"] += sec["seconds"]
-    merged["summary"] = summary.build(merged["sections"])
     return merged
+
+
+def _merge_summary(into: dict, later: dict, top: bool = True) -> dict:
+    """`later`'s values over `into`'s, leaf by leaf; the recipes of "numerics_only" are
+    united, and a value a run did not measure (None, empty) replaces nothing."""
+    for key, value in later.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge_summary(into[key], value, top=False)
+        elif top and key == "numerics_only" and key in into:
+            into[key] = sorted(set(into[key]) | set(value))
+        elif value not in (None, {}, []) or key not in into:
+            into[key] = value
+    return into
 
 
 def _write(path: pathlib.Path, data) -> None:

@@ -1,11 +1,6 @@
 """Saving and loading QTensors and arrays as safetensors files (spec §9).
 
-The safetensors container is read and written here with numpy rather than through the
-`safetensors` package: that package's Python API for dtypes numpy lacks changed
-incompatibly in 0.8 (`serialize` takes TensorSpecs with raw pointers) and
-`safetensors.numpy` has no bfloat16, while the format itself is stable. Layout: an
-8-byte little-endian header length N, N bytes of UTF-8 JSON, then the raw tensor bytes,
-each tensor at its `data_offsets` relative to the end of the header.
+The container itself (header, dtypes, validation, atomic writes) is `_safetensors`'s.
 
 A QTensor `NAME` becomes the tensors `NAME.codes`, `NAME.scale` and (NVFP4 with a global
 scale) `NAME.global_scale`, with its scheme, shape, hp_dtype and scale layout as JSON under
@@ -14,33 +9,17 @@ quantizes inputs with at run time, its "activation". Byte order is little-endian
 lowp assumes a little-endian host, as numpy's float8/bfloat16 dtypes in ml_dtypes do.
 """
 
-import contextlib
 import dataclasses
 import json
-import math
 import os
 import re
-import reprlib
-import struct
-import time
-import types
-import uuid
 import zipfile
 import zlib
 from collections.abc import Mapping
-from typing import TypeGuard
 
-import ml_dtypes
 import numpy as np
 
-from lowp import _qtensor, _schemes
-
-# POSIX: a writer locks its temporary file, so a later save can tell a stale one.
-fcntl: types.ModuleType | None
-try:
-    import fcntl
-except ImportError:  # Windows
-    fcntl = None
+from lowp import _qtensor, _safetensors, _schemes
 
 # The newest lowp_format this lowp reads. 2 = 1 plus the optional entry field "activation";
 # 3 = 2 plus the checksums ("checksums", "tensors_checksum"), which `save` writes unless
@@ -50,29 +29,6 @@ _CHECKSUMS_FORMAT = 3
 METADATA_KEY = "lowp"
 _CHECKSUM = re.compile(r"crc32:[0-9a-f]{8}")
 
-# The safetensors dtype names lowp reads and writes, and the numpy dtype of each.
-_DTYPES = {
-    "F64": np.dtype("<f8"),
-    "F32": np.dtype("<f4"),
-    "F16": np.dtype("<f2"),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "I64": np.dtype("<i8"),
-    "I32": np.dtype("<i4"),
-    "I16": np.dtype("<i2"),
-    "I8": np.dtype("i1"),
-    "U64": np.dtype("<u8"),
-    "U32": np.dtype("<u4"),
-    "U16": np.dtype("<u2"),
-    "U8": np.dtype("u1"),
-    "BOOL": np.dtype(np.bool_),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
-}
-_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
-# The most dims a stored tensor may have: numpy 1's limit (numpy 2 allows 64), so a file
-# reads alike under both, and a reshape never fails with "maximum supported dimension".
-MAX_RANK = 32
 
 # Each scheme kind's JSON fields and their JSON types, from the schemes' own codec
 # (`Scaling.json_types`, `to_fields`, `from_fields`): the object a file holds for a scheme
@@ -137,7 +93,7 @@ def save(
         doc["tensors_checksum"] = _entries_checksum(entries)
     # Sorted keys: the same tensors make the same file, whichever framework wrote them.
     lowp_json = json.dumps(doc, separators=(",", ":"), sort_keys=True)
-    _write_safetensors(path, arrays, {METADATA_KEY: lowp_json})
+    _safetensors.write(path, arrays, {METADATA_KEY: lowp_json})
 
 
 def load(
@@ -173,7 +129,7 @@ def load(
 
     if checkpoints.is_checkpoint(path):
         return checkpoints.load_checkpoint(path, verify=verify)
-    arrays, metadata = _read_safetensors(path)
+    arrays, metadata = _safetensors.read(path)
     if METADATA_KEY not in metadata:
         return dict(arrays)
     version, entries, checksums = _parse_lowp_metadata(metadata[METADATA_KEY], path)
@@ -187,7 +143,10 @@ def load(
         loaded[name] = _qtensor_from_entry(name, entry, arrays, path)
     clashes = sorted(set(loaded) & set(arrays))
     if clashes:
-        raise _error(path, f"tensor {_show(clashes[0])} is both a plain tensor and a QTensor entry")
+        raise _safetensors.error(
+            path,
+            f"tensor {_safetensors.show(clashes[0])} is both a plain tensor and a QTensor entry",
+        )
     loaded.update(arrays)  # what no QTensor claimed stays a plain array
     return dict(sorted(loaded.items()))
 
@@ -217,9 +176,9 @@ def load_activations(path: str | os.PathLike) -> "dict[str, _schemes.Scheme | No
 
     if checkpoints.is_checkpoint(path):
         return checkpoints.checkpoint_activations(path)
-    with _open(path) as f:
-        header, _ = _read_header(f, os.fstat(f.fileno()).st_size, path)
-    metadata = _parse_metadata(header.get("__metadata__", {}), path)
+    with _safetensors.open_file(path) as f:
+        header, _ = _safetensors.read_header(f, os.fstat(f.fileno()).st_size, path)
+    metadata = _safetensors.parse_metadata(header.get("__metadata__", {}), path)
     if METADATA_KEY not in metadata:
         return {}
     version, entries, _ = _parse_lowp_metadata(metadata[METADATA_KEY], path)
@@ -239,21 +198,25 @@ def read_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """
     suffix = os.path.splitext(os.fspath(path))[1].lower()
     if suffix == ".safetensors":
-        return _read_safetensors(path)[0]
+        return _safetensors.read(path)[0]
     if suffix == ".npz":
         if not zipfile.is_zipfile(path):  # else numpy guesses "pickled data" and says so
-            raise _error(path, "not a .npz file (an .npz is a zip archive of .npy files)")
+            raise _safetensors.error(
+                path, "not a .npz file (an .npz is a zip archive of .npy files)"
+            )
         try:
             with np.load(path, allow_pickle=False) as archive:
                 arrays = {name: archive[name] for name in archive.files}
         except (ValueError, OSError, zipfile.BadZipFile) as err:
-            raise _error(path, f"unreadable .npz: {err}") from err
+            raise _safetensors.error(path, f"unreadable .npz: {err}") from err
         for name, array in arrays.items():
             if (problem := _qtensor.empty_span_problem(array.shape)) is not None:
-                raise _error(path, f"tensor {_show(name)}: {problem}")
-        _check_empty_spans([a.shape for a in arrays.values()], path)
+                raise _safetensors.error(path, f"tensor {_safetensors.show(name)}: {problem}")
+        _safetensors.check_empty_spans([a.shape for a in arrays.values()], path)
         return arrays
-    raise _error(path, f"expected a .safetensors or .npz file, got suffix {_show(suffix)}")
+    raise _safetensors.error(
+        path, f"expected a .safetensors or .npz file, got suffix {_safetensors.show(suffix)}"
+    )
 
 
 # --- QTensors <-> named arrays and lowp metadata ---
@@ -268,23 +231,26 @@ def _flatten(tensors) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
     entries: dict[str, dict] = {}
     for name, value in tensors.items():
         if not isinstance(name, str):  # a ValueError, as save's docstring says
-            raise ValueError(f"tensor names must be str, got {_show(name)} ({type(name).__name__})")  # noqa: TRY004
+            shown = _safetensors.show(name)
+            raise ValueError(  # noqa: TRY004
+                f"tensor names must be str, got {shown} ({type(name).__name__})"
+            )
         if isinstance(value, _qtensor.QTensor):
             parts, entries[name] = _qtensor_parts(name, value)
         elif isinstance(value, np.ndarray):
-            parts = {name: _plain_array(name, value)}
+            parts = {name: _safetensors.plain_array(name, value)}
         else:
             raise TypeError(
-                f"tensor {_show(name)}: expected a QTensor or numpy array, got {type(value).__name__}"
+                f"tensor {_safetensors.show(name)}: expected a QTensor or numpy array, got {type(value).__name__}"
             )
         for stored, array in parts.items():
             if stored == "__metadata__":
                 raise ValueError(
-                    f"tensor name {_show(name)}: '__metadata__' is reserved by safetensors"
+                    f"tensor name {_safetensors.show(name)}: '__metadata__' is reserved by safetensors"
                 )
             if stored in owners:
                 raise ValueError(
-                    f"tensors {_show(owners[stored])} and {_show(name)} would both be stored as {_show(stored)}"
+                    f"tensors {_safetensors.show(owners[stored])} and {_safetensors.show(name)} would both be stored as {_safetensors.show(stored)}"
                 )
             owners[stored], arrays[stored] = name, array
     return arrays, entries
@@ -293,11 +259,11 @@ def _flatten(tensors) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
 def _qtensor_parts(name: str, q: "_qtensor.QTensor") -> tuple[dict[str, np.ndarray], dict]:
     from lowp.checkpoints import _dequantize  # the checkpoints package imports this module
 
-    _dequantize.refuse_origin(q, f"save: tensor {_show(name)}", "lowp.dequantize(q)")
+    _dequantize.refuse_origin(q, f"save: tensor {_safetensors.show(name)}", "lowp.dequantize(q)")
     try:  # rebuild to re-run the checks: arrays are mutable and may have been reshaped since
         q = dataclasses.replace(q)
     except (TypeError, ValueError) as e:
-        raise type(e)(f"tensor {_show(name)}: {e}") from e
+        raise type(e)(f"tensor {_safetensors.show(name)}: {e}") from e
     parts = {f"{name}.codes": q.codes, f"{name}.scale": q.scale}
     if q.global_scale is not None:
         parts[f"{name}.global_scale"] = q.global_scale
@@ -307,30 +273,32 @@ def _qtensor_parts(name: str, q: "_qtensor.QTensor") -> tuple[dict[str, np.ndarr
         "hp_dtype": q.hp_dtype,
         "scale_layout": q.scale_layout,
     }
-    return {stored: _plain_array(stored, a) for stored, a in parts.items()}, entry
+    return {stored: _safetensors.plain_array(stored, a) for stored, a in parts.items()}, entry
 
 
 def _record_activations(entries: dict[str, dict], activations) -> None:
     """Add each QTensor's "activation" field (a scheme's JSON, or None) to its entry."""
     if not isinstance(activations, Mapping):
         raise TypeError(
-            f"activations must be a dict name -> Scheme or None, got {_show(activations)}"
+            f"activations must be a dict name -> Scheme or None, got {_safetensors.show(activations)}"
         )
     for name, scheme in activations.items():
         if name not in entries:
-            raise ValueError(f"activations[{_show(name)}]: no QTensor of that name is being saved")
+            raise ValueError(
+                f"activations[{_safetensors.show(name)}]: no QTensor of that name is being saved"
+            )
         if scheme is None:
             entries[name][_ACTIVATION] = None
             continue
         if getattr(scheme, "axis", -1) != -1:  # -1 is the only axis meaning K at every rank
             raise ValueError(
-                f"activations[{_show(name)}] = {scheme}: an activation is quantized along K, its "
+                f"activations[{_safetensors.show(name)}] = {scheme}: an activation is quantized along K, its "
                 "last axis (spec §8): spell it axis=-1"
             )
         try:
             entries[name][_ACTIVATION] = _scheme_to_json(scheme, _ACTIVATION_RANK)
         except TypeError as e:
-            raise TypeError(f"activations[{_show(name)}]: {e}") from e
+            raise TypeError(f"activations[{_safetensors.show(name)}]: {e}") from e
 
 
 def _scheme_to_json(scheme: _schemes.Scheme, rank: int) -> dict:
@@ -344,44 +312,47 @@ def _parse_lowp_metadata(text: str, path) -> tuple[int, dict, dict | None]:
     """The lowp_format, `tensors` map and `checksums` map (None before lowp_format 3) of
     lowp's metadata, after checking their shape and the entries' checksum."""
     try:
-        doc = _json(text)
+        doc = _safetensors.parse_json(text)
     except ValueError as e:
-        raise _error(path, f"the {METADATA_KEY!r} metadata is not valid JSON: {e}") from e
+        raise _safetensors.error(
+            path, f"the {METADATA_KEY!r} metadata is not valid JSON: {e}"
+        ) from e
     if not isinstance(doc, dict):
-        raise _error(path, f"the {METADATA_KEY!r} metadata must be a JSON object")
+        raise _safetensors.error(path, f"the {METADATA_KEY!r} metadata must be a JSON object")
     version = doc.get("lowp_format")
-    if not _is_int(version):
-        raise _error(
-            path, f"the {METADATA_KEY!r} metadata needs an int lowp_format: {_show(version)}"
+    if not _safetensors.is_int(version):
+        raise _safetensors.error(
+            path,
+            f"the {METADATA_KEY!r} metadata needs an int lowp_format: {_safetensors.show(version)}",
         )
     if version > LOWP_FORMAT:
-        raise _error(
+        raise _safetensors.error(
             path,
             f"written by a newer lowp (lowp_format {version}); this lowp reads lowp_format "
             f"{LOWP_FORMAT}: upgrade lowp",
         )
     if version < 1:
-        raise _error(path, f"unknown lowp_format {version}")
+        raise _safetensors.error(path, f"unknown lowp_format {version}")
     where = f"the {METADATA_KEY!r} metadata"
     fields: tuple[str, ...] = ("lowp_format", "tensors")
     if version >= _CHECKSUMS_FORMAT:
         fields += ("checksums", "tensors_checksum")
-    _check_keys(doc, fields, where, path)
+    _safetensors.check_keys(doc, fields, where, path)
     if not isinstance(doc["tensors"], dict):
-        raise _error(path, f"{where}: field 'tensors' must be an object")
+        raise _safetensors.error(path, f"{where}: field 'tensors' must be an object")
     if version < _CHECKSUMS_FORMAT:
         return version, doc["tensors"], None
     if not isinstance(doc["checksums"], dict):
-        raise _error(path, f"{where}: field 'checksums' must be an object")
+        raise _safetensors.error(path, f"{where}: field 'checksums' must be an object")
     for name, value in [("the tensors", doc["tensors_checksum"]), *doc["checksums"].items()]:
         if not isinstance(value, str) or not _CHECKSUM.fullmatch(value):
-            raise _error(
+            raise _safetensors.error(
                 path,
-                f"{where}: checksum of {_show(name)} must be 'crc32:' and 8 hex digits, "
-                f"got {_show(value)}",
+                f"{where}: checksum of {_safetensors.show(name)} must be 'crc32:' and 8 hex digits, "
+                f"got {_safetensors.show(value)}",
             )
     if _entries_checksum(doc["tensors"]) != doc["tensors_checksum"]:
-        raise _error(
+        raise _safetensors.error(
             path,
             f"{where}'s tensors changed since the file was saved: their checksum "
             f"{_entries_checksum(doc['tensors'])} is not the {doc['tensors_checksum']} recorded",
@@ -392,8 +363,8 @@ def _parse_lowp_metadata(text: str, path) -> tuple[int, dict, dict | None]:
 def _checksum(array: np.ndarray) -> str:
     """CRC-32 of a stored tensor's dtype name, shape and bytes: a byte, dtype or shape
     changed to another legal one (which safetensors would load) changes it."""
-    crc = zlib.crc32(f"{_DTYPE_NAMES[array.dtype]}{list(array.shape)}".encode())
-    # numpy's stubs declare the buffer protocol only for Python >= 3.12 (as _read_tensor).
+    crc = zlib.crc32(f"{_safetensors.DTYPE_NAMES[array.dtype]}{list(array.shape)}".encode())
+    # numpy's stubs declare the buffer protocol only for Python >= 3.12 (as _safetensors.read_tensor).
     crc = zlib.crc32(array.reshape(-1).view(np.uint8), crc)  # type: ignore[arg-type]
     return f"crc32:{crc:08x}"
 
@@ -409,17 +380,21 @@ def _check_checksums(arrays: dict, checksums: dict, path, verify: bool) -> None:
     each tensor's matches."""
     for name in arrays:
         if name not in checksums:
-            raise _error(path, f"tensor {_show(name)} has no checksum in a checksummed file")
+            raise _safetensors.error(
+                path, f"tensor {_safetensors.show(name)} has no checksum in a checksummed file"
+            )
     for name in checksums:
         if name not in arrays:
-            raise _error(path, f"a checksum for {_show(name)}, a tensor the file does not hold")
+            raise _safetensors.error(
+                path, f"a checksum for {_safetensors.show(name)}, a tensor the file does not hold"
+            )
     if not verify:
         return
     for name, array in arrays.items():
         if _checksum(array) != checksums[name]:
-            raise _error(
+            raise _safetensors.error(
                 path,
-                f"tensor {_show(name)}: its bytes, dtype or shape changed since it was saved "
+                f"tensor {_safetensors.show(name)}: its bytes, dtype or shape changed since it was saved "
                 f"({_checksum(array)}, the file records {checksums[name]})",
             )
 
@@ -429,25 +404,28 @@ _NOT_RECORDED = object()
 
 def _entry_activation(name: str, entry, version: int, path):
     """Check entry `name`'s fields; its activation scheme, None, or _NOT_RECORDED."""
-    where = f"QTensor {_show(name)}"
+    where = f"QTensor {_safetensors.show(name)}"
     if not isinstance(entry, dict):
-        raise _error(path, f"{where}: metadata entry must be an object, got {_show(entry)}")
+        raise _safetensors.error(
+            path, f"{where}: metadata entry must be an object, got {_safetensors.show(entry)}"
+        )
     optional = (_ACTIVATION,) if version >= 2 else ()  # in a version-1 file: unknown
-    _check_keys(entry, _ENTRY_FIELDS, where, path, optional)
+    _safetensors.check_keys(entry, _ENTRY_FIELDS, where, path, optional)
     if _ACTIVATION not in entry:
         return _NOT_RECORDED
     doc = entry[_ACTIVATION]
     if doc is None:
         return None
     if not isinstance(doc, dict):
-        raise _error(
-            path, f"{where}: field 'activation' must be a scheme object or null, got {_show(doc)}"
+        raise _safetensors.error(
+            path,
+            f"{where}: field 'activation' must be a scheme object or null, got {_safetensors.show(doc)}",
         )
     scheme = _scheme_from_json(doc, f"{where} activation", path)
     if not isinstance(scheme, _AXIS_SCHEMES):
         return scheme
     if scheme.axis != _ACTIVATION_RANK - 1:
-        raise _error(
+        raise _safetensors.error(
             path,
             f"{where} activation: axis {scheme.axis} is not K: an activation (M, K) is "
             f"quantized along its last axis, stored as {_ACTIVATION_RANK - 1} (spec §9)",
@@ -458,23 +436,25 @@ def _entry_activation(name: str, entry, version: int, path):
 def _qtensor_from_entry(name: str, entry, arrays: dict, path) -> "_qtensor.QTensor":
     """Rebuild QTensor `name` (entry checked by `_entry_activation`), taking its component
     arrays out of `arrays`."""
-    where = f"QTensor {_show(name)}"
+    where = f"QTensor {_safetensors.show(name)}"
     scheme = _scheme_from_json(entry["scheme"], where, path)
     shape = entry["shape"]
-    if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape):
-        raise _error(
-            path, f"{where}: field 'shape' must be a list of ints >= 0, got {_show(shape)}"
+    if not isinstance(shape, list) or not all(_safetensors.is_int(n) and n >= 0 for n in shape):
+        raise _safetensors.error(
+            path,
+            f"{where}: field 'shape' must be a list of ints >= 0, got {_safetensors.show(shape)}",
         )
     for field in ("hp_dtype", "scale_layout"):
         if not isinstance(entry[field], str):
-            raise _error(
-                path, f"{where}: field {_show(field)} must be a string, got {_show(entry[field])}"
+            raise _safetensors.error(
+                path,
+                f"{where}: field {_safetensors.show(field)} must be a string, got {_safetensors.show(entry[field])}",
             )
     if isinstance(scheme, _AXIS_SCHEMES):
         # On disk the axis is non-negative (spec §9); in memory lowp spells axes from the
         # end, as its presets and recipes do, so a loaded MXScaling equals MXScaling().
         if scheme.axis >= len(shape):
-            raise _error(
+            raise _safetensors.error(
                 path, f"{where}: scheme axis {scheme.axis} is out of range for shape {shape}"
             )
         scheme = dataclasses.replace(scheme, axis=scheme.axis - len(shape))
@@ -497,30 +477,34 @@ def _qtensor_from_entry(name: str, entry, arrays: dict, path) -> "_qtensor.QTens
             scale_layout=entry["scale_layout"],
         )
     except (TypeError, ValueError) as e:
-        raise _error(path, f"{where} does not match its arrays: {e}") from e
+        raise _safetensors.error(path, f"{where} does not match its arrays: {e}") from e
 
 
 def _scheme_from_json(doc, where: str, path) -> _schemes.Scheme:
     if not isinstance(doc, dict):
-        raise _error(path, f"{where}: field 'scheme' must be an object, got {_show(doc)}")
+        raise _safetensors.error(
+            path, f"{where}: field 'scheme' must be an object, got {_safetensors.show(doc)}"
+        )
     kind = doc.get("kind")
     if not isinstance(kind, str) or kind not in SCHEME_FIELDS:
-        raise _error(
+        raise _safetensors.error(
             path,
-            f"{where}: unknown scheme kind {_show(kind)}; expected one of {tuple(SCHEME_FIELDS)}",
+            f"{where}: unknown scheme kind {_safetensors.show(kind)}; expected one of {tuple(SCHEME_FIELDS)}",
         )
     _, fields = SCHEME_FIELDS[kind]
-    _check_keys(doc, ("kind", *fields), f"{where} scheme", path)
+    _safetensors.check_keys(doc, ("kind", *fields), f"{where} scheme", path)
     for field, json_type in fields.items():
         value = doc[field]
-        right_type = _is_int(value) if json_type is int else isinstance(value, json_type)
+        right_type = (
+            _safetensors.is_int(value) if json_type is int else isinstance(value, json_type)
+        )
         if not right_type:
-            raise _error(
+            raise _safetensors.error(
                 path,
-                f"{where}: scheme field {_show(field)} must be {json_type.__name__}, got {_show(value)}",
+                f"{where}: scheme field {_safetensors.show(field)} must be {json_type.__name__}, got {_safetensors.show(value)}",
             )
     if "axis" in fields and doc["axis"] < 0:
-        raise _error(
+        raise _safetensors.error(
             path,
             f"{where}: scheme field 'axis' must be stored normalised, >= 0 (spec §9), got "
             f"{doc['axis']}",
@@ -528,323 +512,13 @@ def _scheme_from_json(doc, where: str, path) -> _schemes.Scheme:
     try:
         return _schemes.from_fields(doc)
     except (TypeError, ValueError) as e:
-        raise _error(path, f"{where}: invalid scheme: {e}") from e
+        raise _safetensors.error(path, f"{where}: invalid scheme: {e}") from e
 
 
 def _take(arrays: dict, name: str, part: str, path) -> np.ndarray:
     stored = f"{name}.{part}"
     if stored not in arrays:
-        raise _error(path, f"QTensor {_show(name)}: missing tensor {_show(stored)}")
+        raise _safetensors.error(
+            path, f"QTensor {_safetensors.show(name)}: missing tensor {_safetensors.show(stored)}"
+        )
     return arrays.pop(stored)
-
-
-# --- The safetensors container ---
-
-
-def _plain_array(name: str, array: np.ndarray) -> np.ndarray:
-    """`array` as a C-contiguous little-endian array of a safetensors dtype."""
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    if array.dtype not in _DTYPE_NAMES:
-        raise TypeError(
-            f"tensor {_show(name)}: dtype {array.dtype} cannot be stored; safetensors dtypes lowp "
-            f"writes: {', '.join(str(d) for d in _DTYPE_NAMES)}"
-        )
-    # Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).
-    return array if array.flags.c_contiguous else array.copy(order="C")
-
-
-def _write_safetensors(path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
-    names = sorted(arrays)
-    header: dict[str, object] = {"__metadata__": metadata}
-    begin = 0
-    for name in names:
-        array = arrays[name]
-        end = begin + array.nbytes
-        header[name] = {
-            "dtype": _DTYPE_NAMES[array.dtype],
-            "shape": list(array.shape),
-            "data_offsets": [begin, end],
-        }
-        begin = end
-    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    header_bytes += b" " * (-len(header_bytes) % 8)  # as safetensors pads: data starts 8-aligned
-    chunks: list[bytes | np.ndarray] = [struct.pack("<Q", len(header_bytes)), header_bytes]
-    chunks += [arrays[name].reshape(-1).view(np.uint8) for name in names]
-    _atomic_write(path, chunks)
-
-
-def _atomic_write(path, chunks) -> None:
-    path = os.fspath(path)
-    directory, base = os.path.split(path)
-    tmp = os.path.join(directory, f".{base}.{uuid.uuid4().hex}.tmp")
-    # os.open with 0o666 rather than tempfile: the file gets the umask's usual mode, not 0600.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if fcntl is not None:  # held until closed: this writer is alive
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            _remove_stale_temporaries(directory, base, tmp)
-            for chunk in chunks:
-                f.write(memoryview(chunk))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-# A temporary file is stale when no writer holds its lock and it has not been written to
-# for this long (the age covers the instant between a writer's create and its lock). Where
-# there are no locks (Windows), age alone decides, over a day.
-_STALE_AFTER_S = 60.0
-_STALE_UNLOCKED_AFTER_S = 86400.0
-
-
-def _remove_stale_temporaries(directory: str, base: str, own: str) -> None:
-    """Delete the temporary files earlier `save`s of this target left when killed (the
-    original file survives a killed save; the half-written copy beside it did too)."""
-    pattern = re.compile(rf"\.{re.escape(base)}\.[0-9a-f]{{32}}\.tmp")
-    with contextlib.suppress(OSError):
-        names = os.listdir(directory or ".")
-        for name in names:
-            candidate = os.path.join(directory, name)
-            if not pattern.fullmatch(name) or os.path.abspath(candidate) == os.path.abspath(own):
-                continue
-            with contextlib.suppress(OSError):
-                _remove_if_stale(candidate)
-
-
-def _remove_if_stale(candidate: str) -> None:
-    age = time.time() - os.stat(candidate).st_mtime
-    if fcntl is None:
-        if age > _STALE_UNLOCKED_AFTER_S:
-            os.unlink(candidate)
-        return
-    if age <= _STALE_AFTER_S:
-        return
-    with open(candidate, "rb") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # a writer still inside save holds it
-            return
-        os.unlink(candidate)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Entry:
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    begin: int
-    end: int
-
-
-def _read_safetensors(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """(name -> array sorted by name, __metadata__) of a validated safetensors file."""
-    with _open(path) as f:
-        size = os.fstat(f.fileno()).st_size
-        header, data_start = _read_header(f, size, path)
-        metadata = _parse_metadata(header.pop("__metadata__", {}), path)
-        entries = [_parse_entry(name, info, path) for name, info in sorted(header.items())]
-        _check_empty_spans([e.shape for e in entries], path)
-        _check_offsets(entries, size - data_start, path)
-        arrays = {e.name: _read_tensor(f, data_start, e, path) for e in entries}
-    return arrays, metadata
-
-
-def _read_header(f, size: int, path) -> tuple[dict, int]:
-    if size < 8:
-        raise _error(
-            path, f"too short for a safetensors file: {size} bytes, under the 8-byte header length"
-        )
-    (n,) = struct.unpack("<Q", _read_exactly(f, 8, path))
-    if n > size - 8:
-        raise _error(
-            path,
-            f"header length {n} runs past the end of the file ({size} bytes): truncated, "
-            "or not a safetensors file",
-        )
-    text = _read_exactly(f, n, path)
-    try:
-        header = _json(text.decode("utf-8"))
-    except ValueError as e:  # not UTF-8, not JSON, nested too deeply, ints too long
-        raise _error(path, f"header is not valid UTF-8 JSON: {e}") from e
-    if not isinstance(header, dict):
-        raise _error(path, f"header must be a JSON object, got {type(header).__name__}")
-    return header, 8 + n
-
-
-def _parse_metadata(metadata, path) -> dict[str, str]:
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise _error(path, "__metadata__ must map strings to strings")
-    return metadata
-
-
-def _parse_entry(name: str, info, path) -> _Entry:
-    where = f"tensor {_show(name)}"
-    if not isinstance(info, dict):
-        raise _error(path, f"{where}: header entry must be an object, got {_show(info)}")
-    _check_keys(info, ("dtype", "shape", "data_offsets"), where, path)
-    dtype_name, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-    if not isinstance(dtype_name, str) or dtype_name not in _DTYPES:
-        raise _error(
-            path, f"{where}: unknown dtype {_show(dtype_name)}; lowp reads {', '.join(_DTYPES)}"
-        )
-    if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape):
-        raise _error(
-            path, f"{where}: shape must be a list of non-negative ints, got {_show(shape)}"
-        )
-    if len(shape) > MAX_RANK:
-        raise _error(path, f"{where}: rank {len(shape)} is over the {MAX_RANK} dims lowp reads")
-    if (problem := _qtensor.empty_span_problem(shape)) is not None:
-        raise _error(path, f"{where}: {problem}")
-    pair = isinstance(offsets, list) and len(offsets) == 2
-    if not pair or not all(_is_int(o) and o >= 0 for o in offsets) or offsets[0] > offsets[1]:
-        raise _error(
-            path, f"{where}: data_offsets must be ints 0 <= begin <= end, got {_show(offsets)}"
-        )
-    begin, end = offsets
-    dtype = _DTYPES[dtype_name]
-    nbytes = math.prod(shape) * dtype.itemsize
-    if end - begin != nbytes:
-        raise _error(
-            path,
-            f"{where}: shape {shape} of {dtype_name} is {nbytes} bytes but data_offsets "
-            f"{offsets} hold {end - begin}",
-        )
-    return _Entry(name, dtype, tuple(shape), begin, end)
-
-
-def _check_offsets(entries: list[_Entry], data_size: int, path) -> None:
-    """The tensors must tile the data section exactly: no overlap, gap or trailing bytes."""
-    position, previous = 0, None
-    for e in sorted(entries, key=lambda e: (e.begin, e.end)):
-        if e.begin < position:
-            raise _error(
-                path,
-                f"tensor {_show(e.name)}: data_offsets [{e.begin}, {e.end}] overlap {_show(previous)}'s",
-            )
-        if e.begin > position:
-            raise _error(
-                path,
-                f"tensor {_show(e.name)}: data_offsets [{e.begin}, {e.end}] leave a gap after byte "
-                f"{position}; safetensors offsets must be contiguous",
-            )
-        if e.end > data_size:
-            raise _error(
-                path,
-                f"tensor {_show(e.name)}: data_offsets [{e.begin}, {e.end}] out of bounds: the data "
-                f"section has {data_size} bytes (truncated file?)",
-            )
-        position, previous = e.end, e.name
-    if position != data_size:
-        raise _error(path, f"trailing garbage: {data_size - position} bytes after the last tensor")
-
-
-def _check_empty_spans(shapes, path) -> None:
-    """Empty tensors may not together span more than one may (`_qtensor.MAX_EMPTY_SPAN`):
-    each costs work in proportion to its span, and a header holds thousands."""
-    total = sum(_qtensor.empty_span(shape) for shape in shapes)
-    if total > _qtensor.MAX_EMPTY_SPAN:
-        raise _error(
-            path,
-            f"its empty tensors span {total} together, over the {_qtensor.MAX_EMPTY_SPAN} "
-            "lowp allows (a corrupt or hostile header?)",
-        )
-
-
-def _read_tensor(f, data_start: int, e: _Entry, path) -> np.ndarray:
-    # One read into a fresh buffer: the array owns aligned memory and outlives the file.
-    buffer = np.empty(e.end - e.begin, np.uint8)
-    f.seek(data_start + e.begin)
-    # numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12; 3.11 has the C protocol.
-    view, filled = memoryview(buffer), 0  # type: ignore[arg-type]
-    while filled < len(buffer):
-        n = f.readinto(view[filled:])
-        if not n:
-            raise _error(
-                path, f"tensor {_show(e.name)}: the file ended early (changed while loading?)"
-            )
-        filled += n
-    return buffer.view(e.dtype).reshape(e.shape)
-
-
-# --- Helpers ---
-
-
-class _FileEnded(ValueError):
-    """The file held fewer bytes than its size said: another process is changing it."""
-
-
-def _open(path):
-    try:
-        return open(path, "rb")
-    except IsADirectoryError:
-        raise _error(path, "a directory, not a safetensors file") from None
-
-
-def _read_exactly(f, n: int, path) -> bytes:
-    data = f.read(n)
-    if len(data) != n:
-        raise _FileEnded(str(_error(path, "the file ended early (changed while loading?)")))
-    return data
-
-
-def _json(text: str):
-    """json.loads refusing duplicate keys; a document nested too deeply for the parser
-    (a RecursionError) is a ValueError like any other invalid JSON."""
-    try:
-        return json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-
-
-# Error messages show what a file holds cut short: a 30 MB field name stays out of them.
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = 120
-_REPR.maxlist = _REPR.maxdict = 16
-_REPR.maxlevel = 3
-_REPR.maxlong = 60
-_MAX_MESSAGE = 900
-
-
-def _show(value: object) -> str:
-    """repr(value) for an error message, cut to a readable length and depth."""
-    return _REPR.repr(value)
-
-
-def _error(path, message: str) -> ValueError:
-    message = f"{os.fspath(path)}: {message}"
-    if len(message) > _MAX_MESSAGE:
-        half = _MAX_MESSAGE // 2
-        message = (
-            f"{message[:half]} [... {len(message) - 2 * half} characters cut ...] {message[-half:]}"
-        )
-    return ValueError(message)
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_keys(doc: dict, expected, where: str, path, optional=()) -> None:
-    missing = [k for k in expected if k not in doc]
-    if missing:
-        raise _error(path, f"{where}: missing field {_show(missing[0])}")
-    unknown = sorted(set(doc) - set(expected) - set(optional))
-    if unknown:  # an unknown field may change the meaning; refuse rather than guess
-        raise _error(path, f"{where}: unknown field {_show(unknown[0])}")
-
-
-def _refuse_duplicate_keys(pairs: list) -> dict:
-    doc = dict(pairs)
-    if len(doc) != len(pairs):  # json.loads would keep the last silently
-        seen = set()
-        for key, _ in pairs:  # the first key to repeat
-            if key in seen:
-                raise ValueError(f"duplicate key {_show(key)}")
-            seen.add(key)
-    return doc

@@ -35,21 +35,47 @@ def shards(src) -> list[pathlib.Path]:
     return found
 
 
-def quantize_shard(path, out_path, scheme) -> dict:
-    """Quantize one shard into the lowp file `out_path`; returns what was done."""
-    arrays = lowp.read_arrays(path)
+def quantize_linear_weights(tensors: dict, scheme, rule=None) -> tuple[dict, int]:
+    """Each float linear weight of `tensors` (`linear_weights`: rank 2, named `*weight`,
+    not an embedding table) quantized with `scheme`, every other tensor as it is.
+
+    Args:
+      tensors: name -> array; emptied as it goes, so each source tensor can be freed
+        once its output exists.
+      scheme: the lowp scheme.
+      rule: `rule(x, scheme)` quantizes in place of `lowp.quantize` (a producer's scale
+        rule, `lowp convert --to DIALECT --quantize`).
+
+    Returns:
+      (name -> QTensor or array, the number quantized).
+
+    Raises:
+      ValueError: naming the linear weight the scheme (or rule) cannot take.
+    """
     written: dict = {}
     quantized = 0
-    for name in list(arrays):
-        array = arrays.pop(name)  # drop the source tensor once its output exists
+    for name in list(tensors):
+        array = tensors.pop(name)
         if linear_weights.is_float(array) and not linear_weights.not_a_linear_weight(name, array):
             try:
-                written[name] = lowp.quantize(array, scheme, name=name)
+                if rule is None:
+                    written[name] = lowp.quantize(array, scheme, name=name)
+                else:
+                    written[name] = rule(array, scheme)
             except ValueError as e:
-                raise ValueError(f"{path}: {name}: {e}") from e
+                raise ValueError(f"{name}: {e}") from e
             quantized += 1
         else:
             written[name] = array
+    return written, quantized
+
+
+def quantize_shard(path, out_path, scheme) -> dict:
+    """Quantize one shard into the lowp file `out_path`; returns what was done."""
+    try:
+        written, quantized = quantize_linear_weights(lowp.read_arrays(path), scheme)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
     lowp.save(out_path, written)
     return {"shard": pathlib.Path(path).name, "tensors": len(written), "quantized": quantized}
 

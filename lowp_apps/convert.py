@@ -3,8 +3,10 @@
 SRC is a lowp file, a checkpoint directory or a file of a known dialect (anything
 `lowp.load` reads); DST a lowp file (`--to lowp`) or a checkpoint directory in one of
 `lowp.checkpoints.DIALECTS`. `--quantize SCHEME` also quantizes SRC's float linear
-weights (rank 2, named *.weight) on the way, with the destination producer's own scale
-rule where lowp reproduces it (compressed-tensors), else with lowp's.
+weights on the way (`checkpoint.quantize_linear_weights`, as `quantize_checkpoint`
+does shard by shard), with the destination producer's own scale rule where lowp
+reproduces one (compressed-tensors, modelopt, hf-fp8: `lowp.checkpoints.quantize_like`),
+else with lowp's.
 
 `--to lowp` writes a checkpoint's quantized tensors as their codes and scales with
 lowp's own dequantization: a lowp file records no producer rule (`QTensor.origin`),
@@ -12,12 +14,15 @@ so values may differ from the producer's in the last bit (docs/checkpoints.md).
 """
 
 import dataclasses
+import functools
+import json
 import os
 
 import numpy as np
 
 import lowp
-from lowp_apps import linear_weights
+from lowp.checkpoints import quantize_like
+from lowp_apps import checkpoint
 
 LOWP = "lowp"
 TARGETS = (LOWP, *lowp.checkpoints.DIALECTS)
@@ -34,7 +39,6 @@ def source_config(path) -> dict:
     config_path = os.path.join(path, "config.json") if os.path.isdir(path) else None
     if config_path is None or not os.path.isfile(config_path):
         return {}
-    import json
 
     with open(config_path, encoding="utf-8") as f:
         config = json.load(f)
@@ -48,7 +52,10 @@ def convert(src, dst, target: str, quantize: "lowp.Scheme | None" = None) -> dic
         raise ValueError(f"--to {target!r}: expected one of {TARGETS}")
     tensors = read(src)
     if quantize is not None:
-        tensors = {name: _maybe_quantize(name, x, quantize, target) for name, x in tensors.items()}
+        rule = None  # lowp's own
+        if target in lowp.checkpoints.PRODUCERS:  # the producer's, to its bytes
+            rule = functools.partial(quantize_like, dialect=target)
+        tensors, _ = checkpoint.quantize_linear_weights(tensors, quantize, rule)
     if target == LOWP:  # lowp's arithmetic, which a lowp file means (module docstring)
         tensors = {name: _lowp_arithmetic(x) for name, x in tensors.items()}
         lowp.save(dst, tensors)
@@ -62,33 +69,30 @@ def _lowp_arithmetic(x):
     return dataclasses.replace(x, origin=None) if isinstance(x, lowp.QTensor) else x
 
 
-def _maybe_quantize(name: str, x, scheme, target: str):
-    """x quantized with `scheme` if it is a float linear weight (`linear_weights`), else x."""
-    if not linear_weights.is_float(x) or linear_weights.not_a_linear_weight(name, x):
-        return x
-    if target == lowp.checkpoints.DIALECTS[1]:  # compressed-tensors: its own rule
-        return lowp.checkpoints.quantize_like(x, scheme, target)
-    return lowp.quantize(x, scheme, name=name)
-
-
-def requantizes(q: "lowp.QTensor") -> bool | None:
-    """Whether the producer's scale rule, run on the dequantized values, gives `q`'s
-    stored bytes back; None where lowp has no rule for the dialect or scheme
-    (compressed-tensors: fp8 and nvfp4; ModelOpt: nvfp4)."""
+def requantizes(q: "lowp.QTensor") -> str | bool | None:
+    """The producer whose scale rule, run on the dequantized values, gives `q`'s stored
+    bytes back (`lowp.checkpoints.PRODUCERS` of its dialect, tried in order); False
+    where none does; None where lowp has no rule for the dialect or scheme."""
     origin = q.origin
-    if origin is None or origin.dialect not in ("compressed-tensors", "modelopt"):
+    if origin is None or origin.dialect not in lowp.checkpoints.PRODUCERS:
         return None
-    try:
-        again = lowp.checkpoints.quantize_like(
-            lowp.dequantize(q, q.hp_dtype), q.scheme, origin.dialect
-        )
-    except (TypeError, ValueError):
-        return None
-    same = np.array_equal(again.codes, q.codes) and np.array_equal(again.scale, q.scale)
-    same = same and np.array_equal(again.global_scale, q.global_scale, equal_nan=False)
-    if origin.stored_global_scale is not None:
-        same = same and np.array_equal(again.origin.stored_global_scale, origin.stored_global_scale)
-    return bool(same)
+    values = lowp.dequantize(q, q.hp_dtype)
+    tried = False
+    for producer in lowp.checkpoints.PRODUCERS[origin.dialect]:
+        try:
+            again = quantize_like(values, q.scheme, origin.dialect, producer)
+        except (TypeError, ValueError):
+            continue
+        tried = True
+        same = np.array_equal(again.codes, q.codes) and np.array_equal(again.scale, q.scale)
+        same = same and np.array_equal(again.global_scale, q.global_scale)
+        if origin.stored_global_scale is not None:
+            same = same and np.array_equal(
+                again.origin.stored_global_scale, origin.stored_global_scale
+            )
+        if same:
+            return producer
+    return False if tried else None
 
 
 def dialect_lines(tensors: dict) -> list[str]:
@@ -98,7 +102,8 @@ def dialect_lines(tensors: dict) -> list[str]:
     for name, q in tensors.items():
         if not isinstance(q, lowp.QTensor) or q.origin is None:
             continue
-        back = {True: "yes", False: "no", None: "n/a"}[requantizes(q)]
+        producer = requantizes(q)
+        back = {False: "no", None: "n/a"}.get(producer, f"yes ({producer})")
         lines.append(
             f"  {name}: {q.origin.dialect}, {q.scheme.spec}, scales {q.origin.scale_dtype}, "
             f"stored as {', '.join(q.origin.names)}; producer rule gives the bytes back: {back}"

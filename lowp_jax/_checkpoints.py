@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 import lowp
 from lowp import extend
-from lowp_jax import _groups
+from lowp_jax import _groups, _layouts
 
 _JAX_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -24,8 +24,8 @@ def dequantize_checkpoint(q: lowp.QTensor, out_dtype: str | None = None):
     """
     plan = extend.producer_plan(q, out_dtype)
     codes = jnp.asarray(q.codes)
-    if q.scheme.fmt == "float4_e2m1fn":  # element 2j in the low nibble (spec §5)
-        codes = jnp.stack((codes & 0x0F, codes >> 4), axis=-1).reshape(q.shape)
+    if q.scheme.fmt == "float4_e2m1fn":
+        codes = _layouts.unpack_fp4(codes)
     multiplier = _groups.expand(jnp.asarray(plan.multiplier), q.scheme, q.shape)
     product = jnp.asarray(plan.table)[codes.astype(jnp.int32)] * multiplier
     return product.astype(_JAX_DTYPES[plan.mid_dtype]).astype(_JAX_DTYPES[plan.out_dtype])

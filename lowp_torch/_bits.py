@@ -18,6 +18,7 @@ SIGN = -0x80000000  # 0x80000000 as an int32
 ABS = 0x7FFFFFFF
 EXP_MASK = 0x7F800000
 MANT_MASK = 0x007FFFFF
+MIN_NORMAL_BITS = 0x00800000  # 2**-126, the smallest normal float32
 INF_BITS = 0x7F800000
 NAN_F32 = 0x7FC00000
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -55,9 +56,11 @@ def select(mask: torch.Tensor, a, b: torch.Tensor) -> torch.Tensor:
 
 
 def ftz(x: torch.Tensor) -> torch.Tensor:
-    """Replace float32 subnormals by zero of the same sign (spec §0.2), by a bit test."""
+    """Replace float32 subnormals by zero of the same sign (spec §0.2), by a bit test:
+    a magnitude below the smallest normal's is cleared, leaving the sign bit."""
     b = bits(x)
-    return from_bits(b & ~(zero_mask(b & EXP_MASK) & ABS))
+    magnitude = b & ABS
+    return from_bits(b ^ (magnitude & negative_mask(magnitude - MIN_NORMAL_BITS)))
 
 
 def abs_bits(x: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,9 @@ holds, and `triton_problem` names the first that does not:
 - nearest rounding and `check_finite=False` (stochastic rounding and the finite check
   stay on the torch path);
 - triton importable;
-- a scheme the kernels implement: TensorScaling, AxisScaling (any axis) or MXScaling
-  (any axis, block a power of two) with a float8_e4m3fn / float8_e5m2 element format.
+- a scheme the kernels implement: TensorScaling, AxisScaling (any axis), BlockScaling
+  (any tile) or MXScaling (any axis, block a power of two) with a float8_e4m3fn /
+  float8_e5m2 element format.
 
 `cast_kernels("auto" | "triton" | "torch")` overrides the choice inside a `with`
 block; tests and `bench/casts.py` use it to run each path on purpose. A context
@@ -162,7 +163,9 @@ def triton_problem(
 
 def scheme_problem(scheme) -> str | None:
     """Why the Triton kernels do not implement `scheme`, or None."""
-    if not isinstance(scheme, (lowp.TensorScaling, lowp.AxisScaling, lowp.MXScaling)):
+    if not isinstance(
+        scheme, (lowp.TensorScaling, lowp.AxisScaling, lowp.BlockScaling, lowp.MXScaling)
+    ):
         return f"no Triton kernel for {type(scheme).__name__}"
     if scheme.fmt not in _FP8:
         return f"no Triton kernel for element format {scheme.fmt} (only {', '.join(_FP8)})"

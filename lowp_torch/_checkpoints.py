@@ -9,7 +9,7 @@ import torch
 
 import lowp
 from lowp import extend
-from lowp_torch import _groups
+from lowp_torch import _groups, _layouts
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -35,8 +35,8 @@ def dequantize_checkpoint(
         )
     plan = extend.producer_plan(q, None if out_dtype is None else names[out_dtype])
     codes = torch.from_numpy(q.codes).to(device)
-    if q.scheme.fmt == "float4_e2m1fn":  # element 2j in the low nibble (spec §5)
-        codes = torch.stack((codes & 0x0F, codes >> 4), dim=-1).reshape(q.shape)
+    if q.scheme.fmt == "float4_e2m1fn":
+        codes = _layouts.unpack_fp4(codes)
     table = torch.from_numpy(plan.table).to(device)
     multiplier = _groups.expand(torch.from_numpy(plan.multiplier).to(device), q.scheme, q.shape)
     product = table[codes.long()] * multiplier  # float32 * float32: one float32 rounding

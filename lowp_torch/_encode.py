@@ -46,7 +46,9 @@ def encode(v: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     if native is not None:
         return v.to(native).view(torch.uint8)
     if fmt.ebits + fmt.mbits <= 3:  # float4: eight magnitudes, seven midpoints
-        return _encode_by_midpoints(v, fmt)
+        if _storage.traced(v):  # the compiler fuses the mask passes into one kernel
+            return _encode_by_midpoints(v, fmt)
+        return _encode_by_table(v, fmt)
     b = _bits.bits(v)
     sign = (b >> 31) & 1
     e32 = _bits.biased_exponent(b)
@@ -100,12 +102,67 @@ def _encode_by_midpoints(v: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     return ((sign << (fmt.ebits + fmt.mbits)) | -passed).to(torch.uint8)
 
 
+# A float4 midpoint key is k * 2**21 (its tie rounds down) or k * 2**21 - 1 (up), so the
+# code of a float32 pattern follows from its top 11 bits (sign, exponent, two mantissa
+# bits) and whether any of the 21 bits below them is set.
+_CLASS_LOW_BITS = (1 << 21) - 1
+
+
+def _encode_table(fmt: lowp.Format, device: torch.device) -> torch.Tensor:
+    """(4096,) uint8: the code of every pattern class `_encode_by_table` indexes, each
+    the midpoint encoder's code of one pattern of the class (the same for all of them,
+    as every key sits on a class boundary; checked here)."""
+    table = _FP4_ENCODE_TABLES.get((fmt.name, device))
+    if table is None:
+        if any((key + 1) & _CLASS_LOW_BITS > 1 for key in _MIDPOINT_KEYS[fmt.name]):
+            raise AssertionError(f"{fmt.name}: a midpoint key is inside a pattern class")
+        index = torch.arange(4096, dtype=torch.int32, device=device)
+        sign = (index >> 11) * _bits.SIGN  # bit 11 of the index is the sign bit
+        patterns = sign | (((index >> 1) & 0x3FF) << 21) | (index & 1)
+        table = _encode_by_midpoints(_bits.from_bits(patterns), fmt)
+        _FP4_ENCODE_TABLES[(fmt.name, device)] = table
+    return table
+
+
+def _encode_by_table(v: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
+    """`_encode_by_midpoints` in eager mode: one gather from a 4096-entry table of codes
+    indexed by the top 11 bits of each pattern and a flag for the 21 bits below them:
+    six integer passes where the midpoint count takes over twenty (docs/performance.md,
+    CPU inference)."""
+    b = _bits.bits(v)
+    low_set = _bits.negative_mask(-(b & _CLASS_LOW_BITS))  # -1 where any low bit is set
+    index = ((b >> 20) & 0xFFE) - low_set
+    table = _encode_table(fmt, v.device)
+    return torch.index_select(table, 0, index.reshape(-1)).reshape(v.shape)
+
+
 def decode(codes: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     """float32 value of each code (an integer tensor, one code an element).
 
     NaN codes give the canonical NaN 0x7FC00000 (as `lowp.decode`), e5m2's Inf codes
     give ±Inf. Every value is exact in float32 and normal there.
+
+    In eager mode one-byte codes are read from a 256-entry table of every byte's value,
+    made by the computation below: on the CPU c10's float8 -> float32 cast is a scalar
+    loop, about 10x the gather's time (docs/performance.md, CPU inference).
     """
+    byte_codes = codes.dtype in (torch.uint8, _NATIVE_FLOAT8.get(fmt.name))
+    if byte_codes and not _storage.traced(codes):
+        table = _DECODE_TABLES.get((fmt.name, codes.device))
+        if table is None:
+            every_byte = torch.arange(256, dtype=torch.int32, device=codes.device)
+            table = _decode_computed(every_byte.to(torch.uint8), fmt)
+            _DECODE_TABLES[(fmt.name, codes.device)] = table
+        index = codes.view(torch.uint8).reshape(-1).to(torch.int32)
+        return torch.index_select(table, 0, index).reshape(codes.shape)
+    return _decode_computed(codes, fmt)
+
+
+_DECODE_TABLES: dict = {}  # (format, device) -> (256,) float32, filled in eager mode only
+
+
+def _decode_computed(codes: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
+    """`decode` by a native cast (float8) or integer passes, any integer code dtype."""
     native = _native_float8(codes, fmt)
     if native is not None:  # every float8 value is a float32 one: the cast is exact
         if codes.dtype != native:  # uint8 codes, or wider integers holding one code each
@@ -135,7 +192,14 @@ def decode(codes: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     return _bits.from_bits(out)
 
 
-_FP4_PAIR_TABLES: dict = {}  # device -> (256, 2) float32, filled in eager mode only
+_FP4_PAIR_TABLES: dict = {}  # (format, device) -> (256,) int64, filled in eager mode only
+_FP4_ENCODE_TABLES: dict = {}  # (format, device) -> (4096,) uint8, filled in eager mode only
+
+
+def _byte_pairs(fmt: lowp.Format, device: torch.device) -> torch.Tensor:
+    """(256, 2) float32: the values of the two float4 codes each byte packs."""
+    every_byte = torch.arange(256, dtype=torch.int32, device=device).unsqueeze(-1)
+    return _decode_computed(_layouts.unpack_fp4(every_byte), fmt)
 
 
 def decode_fp4_packed(packed: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
@@ -145,14 +209,17 @@ def decode_fp4_packed(packed: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
 
     One gather instead of the unpack and the integer decode's passes over each element.
     """
-    table = _FP4_PAIR_TABLES.get(packed.device) if not _storage.traced(packed) else None
+    out_shape = tuple(packed.shape[:-1]) + (packed.shape[-1] * 2,)
+    if _storage.traced(packed):
+        return _byte_pairs(fmt, packed.device)[packed.to(torch.int64)].reshape(out_shape)
+    table = _FP4_PAIR_TABLES.get((fmt.name, packed.device))
     if table is None:
-        every_byte = torch.arange(256, dtype=torch.int32, device=packed.device).unsqueeze(-1)
-        table = decode(_layouts.unpack_fp4(every_byte), fmt)  # (256, 2)
-        if not _storage.traced(packed):
-            _FP4_PAIR_TABLES[packed.device] = table
-    pairs = table[packed.to(torch.int64)]  # (..., K/2, 2)
-    return pairs.reshape(tuple(packed.shape[:-1]) + (packed.shape[-1] * 2,))
+        # each row's value pair as one int64, so that the gather moves one item a byte
+        table = _byte_pairs(fmt, packed.device).view(torch.int64).reshape(256)
+        _FP4_PAIR_TABLES[(fmt.name, packed.device)] = table
+    # index_select reads a flat table 7-10x faster than advanced indexing on the CPU
+    pairs = torch.index_select(table, 0, packed.reshape(-1).to(torch.int32))
+    return pairs.view(torch.float32).reshape(out_shape)
 
 
 # Computed when the module loads, not when `encode` first runs: under torch.compile that

@@ -103,14 +103,17 @@ def scaled_matmul(
         raise ValueError(f"{name}: kernel must be one of {_config.KERNELS}, got {kernel!r}")
 
     if kernel == "emulated":
-        # In float32 under autocast too, which would lower the matmul to its dtype.
+        # In float32 under autocast too, which would lower the matmul to its dtype. The
+        # dequantized operands are made contiguous: the same codes saved in another layout
+        # (a transposed view of codes kept from quantize_both) would otherwise let the
+        # BLAS pick another kernel, and another summation order, for the same product.
         with torch.autocast(a.device.type, enabled=False):
             y = torch.matmul(
-                _quantize.dequantize(a, torch.float32),
-                _weight_cache.dequantized(b, torch.float32).transpose(-1, -2),
+                _quantize.dequantize(a, torch.float32).contiguous(),
+                _weight_cache.dequantized(b, torch.float32).contiguous().transpose(-1, -2),
             )
-            if bias is not None:
-                y = y + bias.to(torch.float32)
+            if bias is not None:  # in place: y is the matmul's fresh float32 output
+                y.add_(bias.to(torch.float32))
             return y.to(out_dtype)
     elif kernel == "scaled_mm" and form in ("mx", "nvfp4"):
         return _block_scaled_mm(a, b, form, out_dtype, bias)

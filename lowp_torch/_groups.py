@@ -42,3 +42,15 @@ def expand(g: torch.Tensor, scheme: lowp.Scheme, shape: tuple[int, ...]) -> torc
     if any(isinstance(p, torch.SymInt) or p != n for p, n in zip(padded, shape, strict=True)):
         out = out[tuple(slice(0, n) for n in shape)]  # partial edge tiles
     return out
+
+
+def multiply(values: torch.Tensor, g: torch.Tensor, scheme: lowp.Scheme) -> torch.Tensor:
+    """`values * expand(g, scheme, values.shape)`, the same products; where the tiles
+    divide the shape they are taken in the grouped shape, so that the expansion is a
+    broadcast instead of a copy of the whole tensor (one pass less, docs/performance.md)."""
+    shape = tuple(values.shape)
+    grid, full, padded = extend.group_broadcast(shape, scheme)
+    whole_tiles = all(isinstance(p, int) and p == n for p, n in zip(padded, shape, strict=True))
+    if len(full) == len(shape) or not whole_tiles:
+        return values * expand(g, scheme, shape)
+    return (values.reshape(full) * g.reshape(grid)).reshape(shape)

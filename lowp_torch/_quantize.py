@@ -481,6 +481,20 @@ def _poisoned_groups(q: _qtensor.QuantizedTensor, scale: torch.Tensor) -> torch.
     raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
 
 
+def _products_may_be_subnormal(factors, fmt) -> bool:
+    """Whether a code's value times its group's factors can be a float32 subnormal.
+
+    The smallest nonzero magnitude of `fmt` is multiplied by each group's factors as the
+    elements are; rounding is monotonic, so no larger magnitude's product lies below it,
+    and a zero group factor gives zeros. A host sync.
+    """
+    smallest = torch.full_like(factors[0], fmt.min_subnormal)
+    for factor in factors:
+        smallest = smallest * factor
+    magnitude = _bits.abs_bits(smallest)
+    return bool(torch.any(_bits.negative_mask(magnitude - _bits.MIN_NORMAL_BITS) & magnitude))
+
+
 def dequantize(q: _qtensor.QuantizedTensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """The values `q` stands for, as `out_dtype` (default: the dtype it was quantized from).
 
@@ -519,23 +533,29 @@ def dequantize(q: _qtensor.QuantizedTensor, out_dtype: torch.dtype | None = None
 
     if scheme.family == "float":
         # the stored scale is an input of the product: flushed (spec §0.2; lowp's rule)
-        out = values * _groups.expand(_bits.ftz(scale), scheme, shape)
+        factors = (_bits.ftz(scale),)
     elif scheme.family == "mx":
         s = scale.to(torch.int32)
         exponent = torch.where(s == 0xFF, 127, s) - 127
-        first, second = _bits.pow2_factors(exponent)  # mul_pow2, its factors per group
-        out = (values * _groups.expand(first, scheme, shape)) * _groups.expand(
-            second, scheme, shape
-        )
+        factors = _bits.pow2_factors(exponent)  # mul_pow2, its two factors per group
     elif scheme.family == "nvfp4":
         s_dec = 1.0 if q.global_scale is None else _bits.ftz(q.global_scale)
-        p = _bits.ftz(_encode.decode(scale, _E4M3) * s_dec)
-        out = values * _groups.expand(p, scheme, shape)
+        factors = (_bits.ftz(_encode.decode(scale, _E4M3) * s_dec),)
     else:
         raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
+    out = values
+    for factor in factors:
+        out = _groups.multiply(out, factor, scheme)
 
-    out = _bits.ftz(out)
-    poisoned = _poison_mask(_poisoned_groups(q, scale), scheme, shape)
+    poisoned_groups = _poisoned_groups(q, scale)
+    # Eager on the CPU, where a host sync is cheap, the passes that only change a
+    # subnormal or a NaN are skipped when there is none (docs/performance.md, CPU).
+    on_host = q.device.type == "cpu" and not _storage.traced(out)
+    if not on_host or _products_may_be_subnormal(factors, fmt):
+        out = _bits.ftz(out)
+    if on_host and not bool(poisoned_groups.any()) and not bool(torch.isnan(out.sum())):
+        return out.to(out_dtype)  # no NaN to make canonical: the same bits
+    poisoned = _poison_mask(poisoned_groups, scheme, shape)
     poisoned = poisoned | _bits.nan_mask(_bits.bits(out))
     int_dtype = _storage.SAME_WIDTH_INT[out_dtype]
     result = out.to(out_dtype).view(int_dtype)

@@ -62,8 +62,14 @@ def _relabel(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def traced(t: torch.Tensor) -> bool:
     """Whether `t` is being traced for a compiled graph. Dynamo's flag alone misses the
     AOTAutograd trace of a tensor subclass's __torch_dispatch__ on torch 2.11 (there
-    the tensors are fake, the flag is off, and Inductor later met a raw e8m0 buffer)."""
-    return torch.compiler.is_compiling() or is_fake(t)
+    the tensors are fake, the flag is off, and Inductor later met a raw e8m0 buffer).
+
+    A tensor of exactly `torch.Tensor`'s type is neither fake nor a wrapper of fake
+    tensors, so it skips `is_fake`, which costs 4-25 us a call in eager CPU inference
+    (docs/performance.md, CPU inference)."""
+    if torch.compiler.is_compiling():
+        return True
+    return type(t) is not torch.Tensor and is_fake(t)
 
 
 def as_stored(u8: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -233,6 +233,7 @@ def _one_read(t, later, name: str) -> bool:
     return (
         later is not None
         and later.shares_scheme
+        and isinstance(later.scheme, (lowp.AxisScaling, lowp.MXScaling))
         and all(
             _cast_kernels.use_triton(
                 t,

@@ -11,6 +11,9 @@ in its own dtype; bytes moved per element for a bfloat16 input in brackets):
 | MXScaling along any axis              | one pass [2 + 1 + 1/32]                        |
 | `quantize_both`, AxisScaling          | one amax pass for rows and columns, one cast pass writing both [2 + 2 + 1 + 1] |
 | `quantize_both`, MXScaling            | one pass writing both [2 + 1 + 1 + 2/32]       |
+| BlockScaling 1 x b (C a multiple of b) | the AxisScaling rows pass over b-wide rows [2 + 1] |
+| BlockScaling b x 1 (R a multiple of b) | AxisScaling's column passes [2 + 2 + 1]       |
+| BlockScaling, other tiles             | one pass a tile, reading it twice [2 + 2 (L2) + 1] |
 
 Element formats float8_e4m3fn and float8_e5m2, every MX mode, MX blocks that are
 powers of two; nearest rounding (stochastic rounding stays on the torch-ops path).
@@ -83,6 +86,8 @@ def _launch(x, shape, scheme, fmt):
     """(uint8 codes, flat scales) of `quantize`, one branch per scheme."""
     if isinstance(scheme, lowp.TensorScaling):
         return _tensor(x, fmt, scheme.pow2)
+    if isinstance(scheme, lowp.BlockScaling):
+        return _block(x, shape, scheme, fmt)
     outer, r, c = _grouped_view(shape, scheme.axis)
     # c == 1: each group is a contiguous run of r elements, a row (the grouped axis is
     # the last, or only size-1 dims follow it); else groups run down columns of c.
@@ -275,6 +280,47 @@ def _grid_2d(view, block_r, block_c) -> tuple[int, int, int]:
     outer, r, c = view
     tiles_r, tiles_c = max(1, triton.cdiv(r, block_r)), max(1, triton.cdiv(c, block_c))
     return outer * tiles_r * tiles_c, tiles_r, tiles_c
+
+
+def _block(x, shape, scheme, fmt):
+    """(codes, flat scales) of BlockScaling. Its scales are the float scales of spec §3.1
+    over b0 x b1 tiles of the last two dims: a 1 x b tile is an AxisScaling group of the
+    (..., R * C / b, b) view, a b x 1 tile one down the columns of (... R / b, b, C),
+    where whole tiles cover the dim; other tiles (and partial edge tiles) take the tile
+    kernel."""
+    (b0, b1), pow2 = scheme.block, scheme.pow2
+    outer, r, c = math.prod(shape[:-2]), shape[-2], shape[-1]
+    if x.numel() == 0:  # then some dim is 0, and so is the scales' count
+        return torch.empty(shape, dtype=torch.uint8, device=x.device), torch.empty(
+            0, dtype=torch.float32, device=x.device
+        )
+    if b0 == 1 and c % b1 == 0:
+        return _axis_rows(x, outer * r * (c // b1), b1, fmt, pow2)
+    if b1 == 1 and r % b0 == 0:
+        return _axis_2d(x, (outer * (r // b0), b0, c), fmt, pow2, rows=False, cols=True)[1]
+    tiles_r, tiles_c = triton.cdiv(r, b0), triton.cdiv(c, b1)
+    codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    scale = torch.empty(outer * tiles_r * tiles_c, dtype=torch.float32, device=x.device)
+    block_c = _pow2_at_least(b1)
+    chunk_r = min(_pow2_at_least(b0), max(1, _TILE_ELEMENTS // block_c))
+    K.block_tiles_kernel[(outer * tiles_r * tiles_c,)](
+        x,
+        codes,
+        scale,
+        r,
+        c,
+        tiles_r,
+        tiles_c,
+        POW2=pow2,
+        TILE_R=b0,
+        TILE_C=b1,
+        CHUNK_R=chunk_r,
+        BLOCK_C=block_c,
+        CHUNKS=triton.cdiv(b0, chunk_r),
+        num_warps=_warps(chunk_r * block_c, _ROWS_ELEMENTS_PER_THREAD),
+        **_element_args(fmt, x),
+    )
+    return codes, scale
 
 
 def _axis_2d(x, view, fmt, pow2, rows: bool, cols: bool, cols_t: bool = False):

@@ -448,3 +448,58 @@ def mx_2d_kernel(
         first = (tl.arange(0, GR) == 0)[None, :, None, None]
         scale_offsets = tl.broadcast_to(o * (R // GR) * C + r_block * C + c, shape)
         tl.store(col_scale_ptr + scale_offsets, s[:, None, :, :].to(tl.uint8), mask=mask & first)
+
+
+# --- BlockScaling: one float scale a 2-D tile ------------------------------------------
+
+
+@triton.jit
+def block_tiles_kernel(
+    x_ptr,
+    codes_ptr,
+    scale_ptr,
+    R,
+    C,
+    tiles_r,
+    tiles_c,
+    FMT_MAX: tl.constexpr,
+    EBITS: tl.constexpr,
+    MBITS: tl.constexpr,
+    BIAS: tl.constexpr,
+    POW2: tl.constexpr,
+    NATIVE: tl.constexpr,
+    TILE_R: tl.constexpr,
+    TILE_C: tl.constexpr,
+    CHUNK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    CHUNKS: tl.constexpr,
+):
+    """One TILE_R x TILE_C tile of (outer, R, C) a program, its scale at the program's
+    index (tiles row-major, as BlockScaling's scale shape); edge tiles are partial. The
+    tile is read in CHUNKS chunks of CHUNK_R rows, twice: for its amax, then for the
+    codes (the second read mostly from L2). BLOCK_C is TILE_C rounded up to a power of
+    two, the lanes past TILE_C masked."""
+    pid = tl.program_id(0)
+    o, tr, tc = _tile(pid, tiles_r, tiles_c)
+    j = tl.arange(0, BLOCK_C)
+    c = tc.to(tl.int64) * TILE_C + j
+    col_mask = (j < TILE_C) & (c < C)
+    i = tl.arange(0, CHUNK_R)
+    base = o * R * C
+    amax = tl.zeros([CHUNK_R, BLOCK_C], tl.int32)
+    for k in range(CHUNKS):
+        ii = k * CHUNK_R + i
+        r = tr.to(tl.int64) * TILE_R + ii
+        mask = ((ii < TILE_R) & (r < R))[:, None] & col_mask[None, :]
+        amax = tl.maximum(amax, _abs_bits(_load(x_ptr, base + r[:, None] * C + c[None, :], mask)))
+    m, scale, poisoned = _float_scale(tl.max(tl.max(amax, axis=1), axis=0), FMT_MAX, POW2)
+    tl.store(scale_ptr + pid, scale)
+    for k in range(CHUNKS):
+        ii = k * CHUNK_R + i
+        r = tr.to(tl.int64) * TILE_R + ii
+        mask = ((ii < TILE_R) & (r < R))[:, None] & col_mask[None, :]
+        offsets = base + r[:, None] * C + c[None, :]
+        codes = _encode(
+            _load(x_ptr, offsets, mask), m, poisoned, FMT_MAX, EBITS, MBITS, BIAS, NATIVE
+        )
+        tl.store(codes_ptr + offsets, codes, mask=mask)

@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
 
-from bench import _timing, linear_step, run
+from bench import _timing, linear_step, run, summary
 
 # The form bench/results/h200.json is committed in (the targets summary).
 SUMMARY_KEYS = {
@@ -106,6 +106,35 @@ def test_merge_replaces_a_shape_measured_again(small_run, tmp_path):
     assert [r for r in rows if r["M"] == 16] == again
     assert [r for r in rows if r["M"] != 16] == [r for r in sweep if r["M"] != 16]
     assert merged["sections"]["linear"]["rows"] == first["sections"]["linear"]["rows"]
+
+
+def test_merged_summary_takes_a_recipe_measured_again_over_its_own_bf16(small_run, tmp_path):
+    """A later run of one recipe at a shape, with its own bf16 rows, replaces that
+    recipe's ratios there, each over the later bf16; the other recipes keep theirs."""
+    out, result = small_run
+    first = json.loads((out / "run.json").read_text())
+    linear = first["sections"]["linear"]["rows"]
+    shape = (linear[0]["M"], linear[0]["K"], linear[0]["N"])
+    again = [
+        dict(r, ms=r["ms"] * 2) if r["impl"] == "bf16" else r
+        for r in linear
+        if (r["M"], r["K"], r["N"]) == shape and r["recipe"] in ("bf16", "float8_rowwise")
+    ]
+    later = {
+        "meta": first["meta"],
+        "sections": {"linear": dict(first["sections"]["linear"], rows=again)},
+    }
+    (tmp_path / "later.json").write_text(json.dumps(later))
+    merged = run.merge([out / "run.json", tmp_path / "later.json"])["summary"]
+    before = json.loads(json.dumps(result["summary"]))["linear_fwd_bwd_speedup_vs_bf16"]
+    after = merged["linear_fwd_bwd_speedup_vs_bf16"]
+    key = summary.shape_key({"M": shape[0], "K": shape[1], "N": shape[2]})
+    assert after["float8_rowwise"][key]["eager"] == pytest.approx(
+        2 * before["float8_rowwise"][key]["eager"],
+        abs=2e-3,  # ratios keep 3 decimals
+    )
+    others = {r: v for r, v in before.items() if r != "float8_rowwise"}
+    assert others and {r: after[r] for r in others} == others
 
 
 @pytest.mark.slow

@@ -57,6 +57,26 @@ def _weights(shape, seed=0, dtype=torch.bfloat16):
     return w.to(dtype)
 
 
+def _assert_every_backend(q, reference) -> None:
+    """NumPy (`lowp.dequantize`), PyTorch and JAX dequantize `q` to the producer's
+    `reference` bits, in its dtype."""
+    import lowp_torch
+
+    expected = _numpy(reference) if isinstance(reference, torch.Tensor) else reference
+    ours = lowp.dequantize(q)
+    assert ours.dtype == expected.dtype
+    np.testing.assert_array_equal(_bits(ours), _bits(expected), err_msg="numpy")
+    torch_out = _numpy(lowp_torch.dequantize_checkpoint(q))
+    assert torch_out.dtype == expected.dtype
+    np.testing.assert_array_equal(_bits(torch_out), _bits(expected), err_msg="torch")
+    pytest.importorskip("jax")
+    import lowp_jax
+
+    jax_out = np.asarray(lowp_jax.dequantize_checkpoint(q))
+    assert jax_out.dtype == expected.dtype
+    np.testing.assert_array_equal(_bits(jax_out), _bits(expected), err_msg="jax")
+
+
 # --- compressed-tensors ---
 
 
@@ -151,10 +171,7 @@ def test_compressed_tensors_fp8_reads_the_bytes_and_dequantizes_as_its_decompres
         q.scale.reshape(-1), stored["weight_scale"].float().numpy().reshape(-1)
     )
     assert isinstance(loaded["layers.0.norm.weight"], np.ndarray)  # unquantized: plain
-
-    ours = lowp.dequantize(q)
-    assert ours.dtype == _numpy(reference).dtype
-    np.testing.assert_array_equal(_bits(ours), _bits(reference))
+    _assert_every_backend(q, reference)
 
 
 def test_compressed_tensors_nvfp4_reads_the_encode_global_scale_and_divides_as_it_does(tmp_path):
@@ -169,8 +186,8 @@ def test_compressed_tensors_nvfp4_reads_the_encode_global_scale_and_divides_as_i
     np.testing.assert_array_equal(q.origin.stored_global_scale, g)
     assert q.global_scale == np.float32(1) / g[0]  # lowp's decode scale: the reciprocal
 
+    _assert_every_backend(q, reference)
     ours = lowp.dequantize(q)
-    np.testing.assert_array_equal(_bits(ours), _bits(reference))
     # lowp's own NVFP4 arithmetic multiplies by 1/g: not the producer's bits everywhere
     lowp_rule = lowp.dequantize(dataclasses.replace(q, origin=None))
     assert (
@@ -216,7 +233,7 @@ def test_modelopt_nvfp4_and_fp8_read_and_dequantize_as_its_qtensors(tmp_path):
     reference = packed.dequantize(
         dtype=torch.bfloat16, scale=block_scale, double_scale=scale_2, block_sizes={-1: 16}
     )
-    np.testing.assert_array_equal(_bits(lowp.dequantize(q)), _bits(reference))
+    _assert_every_backend(q, reference)
 
     config = {
         "torch_dtype": "bfloat16",
@@ -230,7 +247,7 @@ def test_modelopt_nvfp4_and_fp8_read_and_dequantize_as_its_qtensors(tmp_path):
     q = lowp.load(directory)["fc.weight"]
     assert q.scheme == lowp.TensorScaling() and q.scale == fp8_scale.numpy().reshape(())
     reference = fp8.dequantize(dtype=torch.bfloat16, scale=fp8_scale)
-    np.testing.assert_array_equal(_bits(lowp.dequantize(q)), _bits(reference))
+    _assert_every_backend(q, reference)
 
 
 # --- transformers fine-grained fp8 (DeepSeek-V3), built from its published layout ---
@@ -295,7 +312,7 @@ def test_hf_fp8_weight_scale_inv_is_a_multiplier_and_dequantizes_as_transformers
         torch.from_numpy(codes.astype(np.float32))
         * torch.from_numpy(s).repeat_interleave(128, 0)[:300].repeat_interleave(128, 1)[:, :260]
     ).to(torch.bfloat16)
-    np.testing.assert_array_equal(_bits(ours), _bits(full))
+    _assert_every_backend(q, full)
 
 
 # --- gpt-oss MXFP4, built from its published layout ---
@@ -447,6 +464,153 @@ def test_quantize_like_compressed_tensors_gives_its_compressor_bytes(tmp_path, c
         )
 
 
+def _transformers_fp8(weight: torch.Tensor, scale_fmt: str):
+    """transformers' own Fp8Quantize (what it stores saving a FineGrainedFP8 model):
+    (codes, weight_scale_inv, the config it writes)."""
+    from types import SimpleNamespace
+
+    from transformers import FineGrainedFP8Config
+    from transformers.integrations.finegrained_fp8 import Fp8Quantize
+
+    config = FineGrainedFP8Config(weight_block_size=(128, 128), scale_fmt=scale_fmt)
+    op = Fp8Quantize(SimpleNamespace(quantization_config=config))
+    out = op._quantize_one("fc.weight", weight)
+    return out["fc.weight"], out["fc.weight_scale_inv"], config.to_dict()
+
+
+def _fp8_tiles(hp_dtype, seed=14) -> torch.Tensor:
+    """(256, 384) weights whose 128 x 128 tiles hit the block rules' edges: an all-zero
+    tile, tile maxima of exactly 448 * 2**k (amax / 448 a power of two) and one bf16 ulp
+    above, where ue8m0's ceiling and the float32 roundings matter."""
+    w = _weights((256, 384), seed=seed, dtype=torch.float32)
+    w[128:, 256:] = 0
+    w[5, 130] = 0.875  # 1.75 * 2**-1
+    w[7, 260] = -0.87890625  # one bf16 ulp above 0.875
+    w[131, 3] = 1.75
+    w[140, 200] = 3.52734375  # one bf16 ulp above 3.5
+    return w.to(hp_dtype)
+
+
+@pytest.mark.parametrize("scale_fmt", ["float", "ue8m0"])
+@pytest.mark.parametrize("hp", ["bfloat16", "float32"])
+def test_quantize_like_hf_fp8_gives_transformers_fp8quantize_bytes(tmp_path, scale_fmt, hp):
+    pytest.importorskip("transformers")
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    weight = _fp8_tiles(getattr(torch, hp))
+    codes, scale_inv, config = _transformers_fp8(weight, scale_fmt)
+    scheme = lowp.BlockScaling(block=(128, 128), pow2=scale_fmt == "ue8m0")
+    q = checkpoints.quantize_like(_numpy(weight), scheme, "hf-fp8")
+    np.testing.assert_array_equal(q.codes, _bits(codes))
+    np.testing.assert_array_equal(q.scale, scale_inv.float().numpy())
+    assert q.scale[1, 2] == 1  # the all-zero tile: transformers' scale 1
+    assert q.origin.scale_dtype == {"float": "float32", "ue8m0": "float8_e8m0fnu"}[scale_fmt]
+
+    # transformers' tensors and config as a file: lowp reads them to the same QTensor,
+    # dequantizes them as Fp8Dequantize does in every backend, and writes them back
+    stored = {"fc.weight": codes, "fc.weight_scale_inv": scale_inv}
+    theirs = _write(tmp_path / "tf", stored, {"torch_dtype": hp, "quantization_config": config})
+    loaded = lowp.load(theirs)["fc.weight"]
+    assert loaded.scheme == scheme and loaded.origin.scale_dtype == q.origin.scale_dtype
+    np.testing.assert_array_equal(loaded.codes, q.codes)
+    np.testing.assert_array_equal(loaded.scale, q.scale)
+    reference = Fp8Dequantize(None)._dequantize_one(codes, scale_inv, output_dtype=weight.dtype)
+    _assert_every_backend(loaded, reference)
+    checkpoints.save_checkpoint(tmp_path / "ours", {"fc.weight": q}, "hf-fp8")
+    ours = _stored(tmp_path / "ours")
+    for name, tensor in stored.items():
+        assert ours[name].dtype == tensor.dtype, name
+        np.testing.assert_array_equal(_bits(ours[name]), _bits(tensor), err_msg=name)
+
+
+@pytest.mark.parametrize("scale_fmt", [None, "ue8m0"])
+def test_quantize_like_deepseek_follows_its_kernel_py(scale_fmt):
+    """DeepSeek's own scripts need Triton on a GPU and do not run here: the reference is
+    the arithmetic of DeepSeek-V3's `inference/kernel.py` (`act_quant`, HEAD 9b4e978)
+    written out in torch float32 over 128 x 128 tiles, partial edge tiles included:
+    amax clamped to 1e-4, s = amax / 448, ue8m0 s = exp2(ceil(log2(s))), (x / s) to e4m3."""
+    weight = _fp8_tiles(torch.bfloat16)[:200, :300]
+    x = weight.float()
+    codes = torch.empty(x.shape, dtype=torch.float8_e4m3fn)
+    scales = torch.empty(2, 3)
+    for i in range(2):
+        for j in range(3):
+            tile = x[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128]
+            s = tile.abs().amax().clamp(min=1e-4) / 448.0
+            if scale_fmt == "ue8m0":
+                s = torch.exp2(torch.ceil(torch.log2(s)))
+            codes[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128] = (tile / s).to(codes.dtype)
+            scales[i, j] = s
+    scheme = lowp.BlockScaling(block=(128, 128), pow2=scale_fmt == "ue8m0")
+    q = checkpoints.quantize_like(_numpy(weight), scheme, "hf-fp8", producer="deepseek")
+    np.testing.assert_array_equal(q.codes, _bits(codes))
+    np.testing.assert_array_equal(q.scale, scales.numpy())
+    assert q.origin.scale_dtype == "float32"
+
+
+def test_the_two_fine_grained_fp8_producers_store_different_bytes():
+    """transformers multiplies by RN32(RN32(1 / amax) * 448), DeepSeek divides by
+    RN32(amax / 448): the same weights give different scales and codes (0.13% of codes,
+    101 of 256 scales on 2048 x 2048 bf16 normal weights), and an all-zero tile
+    different scales (1 against 1e-4 / 448). A trainer matching a server picks one."""
+    w = _weights((512, 512), seed=17)
+    w[128:256, :128] = 0
+    w, tiles = _numpy(w), lowp.BlockScaling(block=(128, 128))
+    hf = checkpoints.quantize_like(w, tiles, "hf-fp8", producer="transformers")
+    ds = checkpoints.quantize_like(w, tiles, "hf-fp8", producer="deepseek")
+    assert (hf.codes != ds.codes).any() and (hf.scale != ds.scale).sum() > 1
+    assert hf.scale[1, 0] == 1 and ds.scale[1, 0] == np.float32(np.float32(1e-4) / 448)
+    with pytest.raises(ValueError, match="'vllm'.*'transformers', 'deepseek'"):
+        checkpoints.quantize_like(w, tiles, "hf-fp8", producer="vllm")
+    with pytest.raises(ValueError, match=r"leaves a \(200, 300\) weight unquantized"):
+        checkpoints.quantize_like(w[:200, :300], tiles, "hf-fp8")
+
+
+@pytest.mark.slow  # importing modelopt takes ~20 s of CPU
+@pytest.mark.parametrize("granularity", ["tensor", "channel"])
+@pytest.mark.parametrize("hp", ["bfloat16", "float32"])
+def test_quantize_like_modelopt_fp8_gives_its_exporter_bytes(tmp_path, granularity, hp):
+    pytest.importorskip("modelopt")
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export.unified_export_hf import _export_quantized_weight
+    from modelopt.torch.quantization.qtensor.fp8_tensor import FP8QTensor
+
+    hp_dtype = getattr(torch, hp)
+    weight = _weights((64, 256), seed=15, dtype=hp_dtype)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 64, bias=False)).to(hp_dtype)
+    with torch.no_grad():
+        model[0].weight.copy_(weight)
+    config = {"tensor": mtq.FP8_DEFAULT_CFG, "channel": mtq.FP8_PER_CHANNEL_PER_TOKEN_CFG}
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(16)).to(hp_dtype)
+    mtq.quantize(model, config[granularity], lambda m: m(x))
+    _export_quantized_weight(model[0], hp_dtype)  # what unified_export_hf writes
+    codes, scale = model[0].weight.data, model[0].weight_scale
+
+    scheme = lowp.TensorScaling() if granularity == "tensor" else lowp.AxisScaling(axis=-1)
+    q = checkpoints.quantize_like(_numpy(weight), scheme, "modelopt")
+    np.testing.assert_array_equal(q.codes, _bits(codes))
+    np.testing.assert_array_equal(q.scale.reshape(-1), scale.numpy().reshape(-1))
+
+    # the exporter's tensors as a file read to the same QTensor; lowp writes them back
+    algo = {"tensor": "FP8", "channel": "FP8_PER_CHANNEL_PER_TOKEN"}[granularity]
+    quant = {"quant_method": "modelopt", "quant_algo": algo}
+    stored = {"fc.weight": codes, "fc.weight_scale": scale}
+    theirs = _write(tmp_path / "mo", stored, {"torch_dtype": hp, "quantization_config": quant})
+    loaded = lowp.load(theirs)["fc.weight"]
+    assert loaded.scheme == scheme
+    np.testing.assert_array_equal(loaded.codes, q.codes)
+    np.testing.assert_array_equal(loaded.scale, q.scale)
+    # ModelOpt's own fp8 dequantization, its (out,) per-channel scale as (out, 1)
+    rows = scale.reshape(-1, 1) if scale.ndim == 1 else scale
+    reference = FP8QTensor(codes.shape, hp_dtype, codes).dequantize(dtype=hp_dtype, scale=rows)
+    _assert_every_backend(loaded, reference)
+    checkpoints.save_checkpoint(tmp_path / "ours", {"fc.weight": q}, "modelopt")
+    ours = _stored(tmp_path / "ours")
+    for name, tensor in stored.items():
+        assert ours[name].dtype == tensor.dtype and ours[name].shape == tensor.shape, name
+        np.testing.assert_array_equal(_bits(ours[name]), _bits(tensor), err_msg=name)
+
+
 # --- Writers ---
 
 
@@ -468,6 +632,7 @@ def test_a_compressed_tensors_file_is_written_back_byte_for_byte(tmp_path, case)
 @pytest.mark.parametrize(
     "scheme",
     [
+        lowp.TensorScaling(),
         lowp.GroupScaling(block=32),
         lowp.AxisScaling(axis=-1),
         lowp.BlockScaling(block=(128, 128)),
@@ -612,14 +777,15 @@ def test_hf_fp8_and_gpt_oss_files_lowp_writes_dequantize_in_transformers_to_lowp
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
     w = _numpy(_weights((256, 384), seed=10, dtype=torch.float32))
-    q = lowp.quantize(w, lowp.BlockScaling(block=(128, 128)))
-    checkpoints.save_checkpoint(tmp_path / "fp8", {"fc.weight": q}, "hf-fp8")
-    assert checkpoints.detect(tmp_path / "fp8") == "hf-fp8"
-    stored = _stored(tmp_path / "fp8")
-    theirs = Fp8Dequantize(None)._dequantize_one(
-        stored["fc.weight"], stored["fc.weight_scale_inv"], torch.float32
-    )
-    np.testing.assert_array_equal(theirs.numpy(), lowp.dequantize(q))
+    for pow2 in (False, True):  # scale_fmt absent, and "ue8m0"
+        q = lowp.quantize(w, lowp.BlockScaling(block=(128, 128), pow2=pow2))
+        checkpoints.save_checkpoint(tmp_path / f"fp8-{pow2}", {"fc.weight": q}, "hf-fp8")
+        assert checkpoints.detect(tmp_path / f"fp8-{pow2}") == "hf-fp8"
+        stored = _stored(tmp_path / f"fp8-{pow2}")
+        theirs = Fp8Dequantize(None)._dequantize_one(
+            stored["fc.weight"], stored["fc.weight_scale_inv"], torch.float32
+        )
+        np.testing.assert_array_equal(theirs.numpy(), lowp.dequantize(q))
 
     experts = _numpy(_weights((2, 8, 64), seed=11, dtype=torch.float32).reshape(2, 8, 64))
     q = lowp.quantize(experts, lowp.MXScaling(fmt="float4_e2m1fn"))
@@ -653,13 +819,18 @@ def test_modelopt_files_lowp_writes_dequantize_in_modelopt_to_lowp_values(tmp_pa
         theirs.numpy(), lowp.dequantize(q4)
     )  # ModelOpt's zero is +0: == not bits
 
-    q8 = lowp.quantize(w, lowp.TensorScaling())
-    checkpoints.save_checkpoint(tmp_path / "mo8", {"fc.weight": q8}, "modelopt")
-    s = _stored(tmp_path / "mo8")
-    theirs = FP8QTensor(torch.Size(w.shape), torch.float32, s["fc.weight"]).dequantize(
-        dtype=torch.float32, scale=s["fc.weight_scale"]
-    )
-    np.testing.assert_array_equal(_bits(theirs), _bits(lowp.dequantize(q8)))
+    for scheme in (lowp.TensorScaling(), lowp.AxisScaling(axis=-1)):
+        q8 = lowp.quantize(w, scheme)
+        checkpoints.save_checkpoint(tmp_path / "mo8", {"fc.weight": q8}, "modelopt")
+        s = _stored(tmp_path / "mo8")
+        # ModelOpt's fp8 dequantization broadcasts the scale: its exporter's (out,) per-
+        # channel scale multiplies rows as (out, 1), as vLLM and TensorRT-LLM read it
+        scale = s["fc.weight_scale"]
+        scale = scale.reshape(-1, 1) if scale.ndim == 1 else scale
+        theirs = FP8QTensor(torch.Size(w.shape), torch.float32, s["fc.weight"]).dequantize(
+            dtype=torch.float32, scale=scale
+        )
+        np.testing.assert_array_equal(_bits(theirs), _bits(lowp.dequantize(q8)))
 
 
 # --- torchao's safetensors format ---
@@ -688,8 +859,7 @@ def test_torchao_float8_files_read_and_write_as_torchao_does(tmp_path, granulari
         lowp.AxisScaling(axis=-1) if granularity == "PerRow" else lowp.TensorScaling()
     )
     np.testing.assert_array_equal(q.codes, _bits(t.qdata))
-    ours = lowp.dequantize(q)
-    np.testing.assert_array_equal(_bits(ours), _bits(t.dequantize()))
+    _assert_every_backend(q, t.dequantize())
 
     checkpoints.save_checkpoint(tmp_path / "again", loaded, "torchao")
     from safetensors import safe_open
@@ -699,6 +869,52 @@ def test_torchao_float8_files_read_and_write_as_torchao_does(tmp_path, granulari
     rebuilt, leftover = unflatten_tensor_state_dict(_stored(tmp_path / "again"), again_metadata)
     assert not leftover
     np.testing.assert_array_equal(_bits(rebuilt["fc.weight"].dequantize()), _bits(t.dequantize()))
+
+
+_TORCHAO_GRANULARITIES = {
+    "PerTensor": ((), lowp.TensorScaling()),
+    "PerRow": ((), lowp.AxisScaling(axis=-1)),
+    "PerGroup": ((32,), lowp.GroupScaling(block=32)),
+    "PerBlock": (((128, 128),), lowp.BlockScaling(block=(128, 128))),
+}
+
+
+@pytest.mark.parametrize("granularity", sorted(_TORCHAO_GRANULARITIES))
+@pytest.mark.parametrize("hp", ["bfloat16", "float32"])
+def test_quantize_like_torchao_gives_float8tensor_bytes(tmp_path, granularity, hp):
+    pytest.importorskip("torchao")
+    from torchao.quantization import granularity as granularities
+    from torchao.quantization.quantize_.workflows.float8.float8_tensor import Float8Tensor
+
+    args, scheme = _TORCHAO_GRANULARITIES[granularity]
+    w = _weights((256, 384), seed=18, dtype=getattr(torch, hp))
+    t = Float8Tensor.from_hp(w, granularity=getattr(granularities, granularity)(*args))
+    q = checkpoints.quantize_like(_numpy(w), scheme, "torchao")
+    np.testing.assert_array_equal(q.codes, _bits(t.qdata))
+    np.testing.assert_array_equal(q.scale.reshape(-1), t.scale.numpy().reshape(-1))
+    # lowp's own rule is not torchao's: the scale rounds to hp first (bf16), or multiplies
+    # by a reciprocal where torchao divides (float32)
+    mine = lowp.quantize(_numpy(w), scheme)
+    assert not (np.array_equal(mine.codes, q.codes) and np.array_equal(mine.scale, q.scale))
+
+
+def test_lowp_quantized_weights_written_as_torchao_load_in_torchao(tmp_path):
+    pytest.importorskip("torchao")
+    from safetensors import safe_open
+    from torchao.prototype.safetensors.safetensors_support import unflatten_tensor_state_dict
+
+    w = _numpy(_weights((256, 384), seed=19, dtype=torch.float32))
+    tensors = {
+        f"fc{i}.weight": lowp.quantize(w, scheme)
+        for i, (_, scheme) in enumerate(_TORCHAO_GRANULARITIES.values())
+    }
+    checkpoints.save_checkpoint(tmp_path / "ao", tensors, "torchao")
+    with safe_open(str(tmp_path / "ao" / "model.safetensors"), "pt") as f:
+        metadata = f.metadata()
+    rebuilt, leftover = unflatten_tensor_state_dict(_stored(tmp_path / "ao"), metadata)
+    assert not leftover and sorted(rebuilt) == sorted(tensors)
+    for name, q in tensors.items():
+        np.testing.assert_array_equal(rebuilt[name].dequantize().numpy(), lowp.dequantize(q))
 
 
 # --- A transformers model, quantized with lowp_torch, exported to each dialect ---

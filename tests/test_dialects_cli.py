@@ -41,7 +41,30 @@ def test_convert_quantizes_with_the_producer_rule_and_inspect_names_the_dialect(
     assert cli.main(["inspect", str(dst), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "fc.weight: compressed-tensors, axis:" in out
-    assert "producer rule gives the bytes back: yes" in out
+    assert "producer rule gives the bytes back: yes (compressed-tensors)" in out
+
+
+@pytest.mark.parametrize(
+    ("target", "spec", "scheme"),
+    [
+        ("modelopt", "tensor", lowp.TensorScaling()),
+        ("modelopt", "axis", lowp.AxisScaling(axis=-1)),
+        ("hf-fp8", "block:block=64x128", lowp.BlockScaling(block=(64, 128))),
+    ],
+)
+def test_convert_quantizes_with_each_producers_rule(
+    tmp_path, float_file, capsys, target, spec, scheme
+):
+    src, w = float_file
+    dst = tmp_path / target
+    assert cli.main(["convert", str(src), str(dst), "--to", target, "--quantize", spec]) == 0
+    q = lowp.load(dst)["fc.weight"]
+    expected = lowp.checkpoints.quantize_like(w, scheme, target)
+    np.testing.assert_array_equal(q.codes, expected.codes)
+    np.testing.assert_array_equal(q.scale, expected.scale)
+    capsys.readouterr()
+    assert cli.main(["inspect", str(dst), "--no-progress"]) == 0
+    assert f"fc.weight: {target}," in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("target", ["hf-fp8", "modelopt", "lowp"])

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from lowp import _interchange
+from lowp import _safetensors
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
@@ -80,14 +80,14 @@ def shard_paths(path: str) -> list[str]:
 def read_shards(paths: list[str]) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
     """(path, name -> array) of each shard in turn; one shard in memory at a time."""
     for path in paths:
-        arrays, _ = _interchange._read_safetensors(path)
+        arrays, _ = _safetensors.read(path)
         yield path, arrays
 
 
 def tensor_names(path: str) -> dict[str, str]:
     """name -> safetensors dtype name of a file, from its header alone."""
     with open(path, "rb") as f:
-        header, _ = _interchange._read_header(f, os.fstat(f.fileno()).st_size, path)
+        header, _ = _safetensors.read_header(f, os.fstat(f.fileno()).st_size, path)
     return {
         name: info.get("dtype", "") if isinstance(info, dict) else ""
         for name, info in header.items()
@@ -97,7 +97,7 @@ def tensor_names(path: str) -> dict[str, str]:
 
 def file_metadata(path: str) -> dict:
     with open(path, "rb") as f:
-        header, _ = _interchange._read_header(f, os.fstat(f.fileno()).st_size, path)
+        header, _ = _safetensors.read_header(f, os.fstat(f.fileno()).st_size, path)
     metadata = header.get("__metadata__", {})
     return metadata if isinstance(metadata, dict) else {}
 

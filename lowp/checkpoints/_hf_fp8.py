@@ -30,9 +30,9 @@ class Reader:
                 f"quantization_config.weight_block_size must be two positive ints, got {block!r}"
             )
         scale_fmt = quant.get("scale_fmt")
-        if scale_fmt not in (None, "ue8m0"):
+        if scale_fmt not in (None, "float", "ue8m0"):  # transformers writes "float" by default
             raise ValueError(
-                f"quantization_config.scale_fmt {scale_fmt!r}: lowp reads none or 'ue8m0'"
+                f"quantization_config.scale_fmt {scale_fmt!r}: lowp reads none, 'float' or 'ue8m0'"
             )
         self.block = (block[0], block[1])
         self.ue8m0 = scale_fmt == "ue8m0"

@@ -1,8 +1,9 @@
 """NVIDIA ModelOpt's Hugging Face export: `quant_method: "modelopt"` in config.json, or
 `hf_quant_config.json` with `quantization.quant_algo`.
 
-FP8: `X.weight` float8_e4m3fn and `X.weight_scale` float32 (one value, amax / 448; or
-one per output channel, (out, 1)). NVFP4: `X.weight` uint8 (two e2m1 codes a byte,
+FP8 (`quant_algo` "FP8"): `X.weight` float8_e4m3fn and `X.weight_scale` float32, one
+value amax / 448. "FP8_PER_CHANNEL_PER_TOKEN": the same with one scale per output
+channel, stored (out,) (an (out, 1) scale reads too). NVFP4: `X.weight` uint8 (two e2m1 codes a byte,
 element 2j in the low nibble), `X.weight_scale` float8_e4m3fn (one per 16 along `in`)
 and `X.weight_scale_2` float32: the *decode* global scale amax / (6 * 448), the
 reciprocal of compressed-tensors' `weight_global_scale`. `X.input_scale` (static
@@ -14,7 +15,8 @@ import numpy as np
 from lowp import _schemes
 from lowp.checkpoints import _common, _origin
 
-ALGOS = ("FP8", "NVFP4")
+FP8_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN")
+ALGOS = (*FP8_ALGOS, "NVFP4")
 
 
 def quant_algo(config: dict) -> str:
@@ -37,23 +39,29 @@ class Reader:
     def primary(self, name: str, array: np.ndarray) -> str | None:
         if not name.endswith(".weight"):
             return None
-        wanted = np.dtype("float8_e4m3fn") if self.algo == "FP8" else np.dtype(np.uint8)
+        wanted = np.dtype("float8_e4m3fn") if self.algo in FP8_ALGOS else np.dtype(np.uint8)
         return name if array.dtype == wanted else None
 
     def companions(self, logical: str, primary: str) -> tuple[str, ...]:
-        if self.algo == "FP8":
+        if self.algo in FP8_ALGOS:
             return (logical + "_scale",)
         return (logical + "_scale", logical + "_scale_2")
 
     def build(self, logical, primary, arrays):
         weight, scale_name = arrays[primary], logical + "_scale"
-        if self.algo == "FP8":
+        if self.algo in FP8_ALGOS:
             stored, scale_dtype = _common.float_scale(scale_name, arrays[scale_name])
             scheme: _schemes.Scheme
             if stored.size == 1 and stored.ndim <= 1:
                 scheme, scale = _schemes.TensorScaling(), _common.scalar(scale_name, stored)
+            elif stored.shape in ((weight.shape[0],), (weight.shape[0], 1)):
+                scheme, scale = _schemes.AxisScaling(axis=-1), stored.reshape(-1, 1)
             else:
-                scheme, scale = _schemes.AxisScaling(axis=-1), stored
+                raise ValueError(
+                    f"tensor {scale_name!r}: ModelOpt fp8 scales of shape {stored.shape} for a "
+                    f"weight of shape {weight.shape}; expected one, ({weight.shape[0]},) or "
+                    f"({weight.shape[0]}, 1)"
+                )
             origin = _origin.Origin(self.dialect, (primary, scale_name), scale_dtype, self.hp_dtype)
             return _common.make(
                 logical,

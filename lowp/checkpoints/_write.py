@@ -13,11 +13,16 @@ import os
 import ml_dtypes
 import numpy as np
 
-from lowp import _interchange, _qtensor, _schemes
+from lowp import _qtensor, _safetensors, _schemes
 from lowp.checkpoints import _files, _origin, _torchao
 
 _E4M3 = ml_dtypes.float8_e4m3fn
-_FLOAT_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+_FLOAT_DTYPES = {
+    "float32": np.float32,
+    "bfloat16": ml_dtypes.bfloat16,
+    "float16": np.float16,
+    "float8_e8m0fnu": ml_dtypes.float8_e8m0fnu,  # transformers' ue8m0 weight_scale_inv
+}
 
 
 def save_checkpoint(
@@ -64,7 +69,7 @@ def save_checkpoint(
     metadata = {"format": "pt"}
     if dialect == _origin.TORCHAO:
         metadata.update(_torchao_metadata(tensors))
-    _interchange._write_safetensors(os.path.join(directory, _files.SINGLE), arrays, metadata)
+    _safetensors.write(os.path.join(directory, _files.SINGLE), arrays, metadata)
     _write_json(os.path.join(directory, _files.CONFIG), full_config)
     if dialect == _origin.MODELOPT:
         quant = {"quant_algo": full_config["quantization_config"]["quant_algo"]}
@@ -78,7 +83,7 @@ def save_checkpoint(
 
 def _write_json(path: str, doc: dict) -> None:
     text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
-    _interchange._atomic_write(path, [text.encode("utf-8")])
+    _safetensors.atomic_write(path, [text.encode("utf-8")])
 
 
 def _float_scale(q: _qtensor.QTensor) -> np.ndarray:
@@ -95,8 +100,7 @@ def _store_hf_fp8(name, q):
     scheme = q.scheme
     if not (isinstance(scheme, _schemes.BlockScaling) and scheme.fmt == "float8_e4m3fn"):
         raise ValueError("hf-fp8 stores float8_e4m3fn BlockScaling")
-    scale = q.scale.astype(np.float32)
-    return {name: _e4m3(q.codes), name + "_scale_inv": scale}, {
+    return {name: _e4m3(q.codes), name + "_scale_inv": _float_scale(q)}, {
         "block": list(scheme.block),
         "pow2": scheme.pow2,
     }
@@ -159,12 +163,21 @@ def _store_modelopt(name, q):
             name + "_scale_2": q.global_scale.astype(np.float32),
         }
         return stored, {"algo": "NVFP4"}
-    if (
-        isinstance(scheme, _schemes.TensorScaling | _schemes.AxisScaling)
-        and scheme.fmt == "float8_e4m3fn"
-    ):
+    fp8 = getattr(scheme, "fmt", None) == "float8_e4m3fn"
+    if fp8 and isinstance(scheme, _schemes.TensorScaling):
         return {name: _e4m3(q.codes), name + "_scale": q.scale.astype(np.float32)}, {"algo": "FP8"}
-    raise ValueError("ModelOpt stores float8_e4m3fn TensorScaling/AxisScaling, or NVFP4")
+    if (
+        fp8
+        and isinstance(scheme, _schemes.AxisScaling)
+        and len(q.shape) == 2
+        and scheme.axis % 2 == 1
+    ):  # ModelOpt's exporter stores a per-channel scale as (out,)
+        scale = q.scale.astype(np.float32).reshape(-1)
+        return {name: _e4m3(q.codes), name + "_scale": scale}, {"algo": "FP8_PER_CHANNEL_PER_TOKEN"}
+    raise ValueError(
+        "ModelOpt stores float8_e4m3fn TensorScaling, AxisScaling(axis=-1) of a 2-D weight, "
+        "or NVFP4"
+    )
 
 
 def _store_gpt_oss(name, q):

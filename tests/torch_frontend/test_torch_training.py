@@ -492,6 +492,8 @@ BOTH_WAYS = {
     "mxfp8_gw_hp": {"w"},  # no wgrad GEMM: x and dy are needed in high precision
     "axis_mismatched": set(),
     "mx_mode_mismatched": {"w", "dy"},
+    "float8_blockwise": set(),  # BlockScaling: no quantize_both; tiles of any orientation
+    "float8_blockwise_ue8m0": set(),
 }
 # (recipe, variant): "step" (bfloat16, rank 3, every GEMM), "float32" (rank 2), and
 # steps where a GEMM does not run, so its codes must not be made: "frozen_weight" (no
@@ -526,12 +528,14 @@ def _describe_saved(t) -> str:
 
 def _expected_saved(recipe: str, variant: str) -> list[str]:
     """[x, w] as the forward saves them: the codes along the first axis where quantized
-    both ways, the forward's codes under tensorwise scaling, else high precision."""
+    both ways, the forward's codes under tensorwise scaling and square tiles (the same
+    tiles transposed), else high precision."""
     spec = _recipe_named(recipe)
     both = _expected_both_ways(recipe, variant)
     out = []
     for name, scheme in (("x", spec.forward.a), ("w", spec.forward.b)):
-        if isinstance(scheme, lowp.TensorScaling):
+        square_tiles = isinstance(scheme, lowp.BlockScaling) and len(set(scheme.block)) == 1
+        if isinstance(scheme, lowp.TensorScaling) or square_tiles:  # the plan reuses them
             out.append(repr(scheme))
         elif name in both:
             out.append(repr(dataclasses.replace(scheme, axis=-2)))

@@ -92,6 +92,12 @@ def _schemes():
         out += [lowp.AxisScaling(fmt, axis=a, pow2=p) for a in (-1, 0) for p in (False, True)]
         out += [lowp.MXScaling(fmt, block=8, mode=m) for m in cases.MX_MODES]
         out.append(lowp.MXScaling(fmt, block=2, mode="rceil", axis=0))
+        # Tiles of a row (the rows pass), of a column (the column passes) and 2-D (the
+        # tile kernel), a multiple of the dims or partial at the edges.
+        out += [
+            lowp.BlockScaling(fmt, block=b, pow2=p)
+            for b, p in (((1, 8), False), ((2, 1), True), ((4, 4), False), ((3, 5), True))
+        ]
     out += [lowp.MXScaling(mode="rceil"), lowp.AxisScaling(axis=1, pow2=True)]
     out.append(lowp.MXScaling(E5M2, block=2, mode="floor", axis=1))
     return out
@@ -115,6 +121,7 @@ def plan() -> list[Case]:
             out.append(Case(cases.Configuration(scheme, cases.EMPTY_SHAPES[rank])))
         if j % 2 == 0 or axis == 1:
             block = getattr(scheme, "block", 8)
+            block = max(block) if isinstance(block, tuple) else block
             shape = (3, 6, 40) if axis == 1 else (6, 40 if block <= 8 else 64)
             config = cases.Configuration(scheme, shape, "bfloat16")
             out.append(Case(config, "small_tiles", SMALL_TILE_EDGES))
@@ -335,6 +342,15 @@ def _ptx_variants(native: bool) -> dict:
             "e4m3",
             True,
         ),
+        "block-tiles": (
+            K.block_tiles_kernel,
+            {"x_ptr": "*bf16", "codes_ptr": "*u8", "scale_ptr": "*fp32"} | grid,
+            {"POW2": False, "TILE_R": 128, "TILE_C": 128, "CHUNK_R": 32, "BLOCK_C": 128}
+            | {"CHUNKS": 4}
+            | fmt(E4M3),
+            "e4m3",
+            True,
+        ),
         "mx-both": (
             K.mx_2d_kernel,
             mx,
@@ -346,7 +362,7 @@ def _ptx_variants(native: bool) -> dict:
 
 
 PTX_VARIANTS = ["tensor-amax", "tensor-e4m3", "tensor-e5m2-pow2", "rows-one-pass"]
-PTX_VARIANTS += ["rows-chunked", "axis-amax-both", "axis-both", "mx-both"]
+PTX_VARIANTS += ["rows-chunked", "axis-amax-both", "axis-both", "block-tiles", "mx-both"]
 
 
 @pytest.mark.slow
@@ -408,9 +424,15 @@ def test_gpu_kernels_match_lowp(case):
 
 # Shapes with the real tiles, 1M elements: every input dtype at (1024, 1024); bfloat16
 # at (16, 65536), rows longer than one pass, and at rank 3.
+# DeepSeek-V3's tiles (float8_blockwise's operands) beside the small ones of the plan.
+DEEPSEEK_TILES = [
+    lowp.BlockScaling(block=b, pow2=p)
+    for b in ((1, 128), (128, 1), (128, 128))
+    for p in (False, True)
+]
 GPU_RANDOM = [
     (scheme, shape, hp_dtype)
-    for scheme in _schemes()
+    for scheme in _schemes() + DEEPSEEK_TILES
     for shape, hp_dtypes in (
         ((1024, 1024), ("float32", "bfloat16", "float16")),
         ((16, 65536), ("bfloat16",)),
@@ -504,7 +526,7 @@ def test_cpu_tensors_take_the_torch_path(scheme, kwargs, reason):
         (lowp.TensorScaling(), {"check_finite": True}, "check_finite"),
         (lowp.TensorScaling("float6_e2m3fn"), {}, "float6_e2m3fn"),
         (lowp.MXScaling("float4_e2m1fn"), {}, "float4_e2m1fn"),
-        (lowp.BlockScaling(), {}, "BlockScaling"),
+        (lowp.BlockScaling("float4_e2m1fn"), {}, "float4_e2m1fn"),
         (lowp.NVFP4Scaling(), {}, "NVFP4Scaling"),
         (lowp.MXScaling(block=16, axis=0), {}, "shape"),
     ],
