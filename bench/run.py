@@ -36,9 +36,9 @@ goes on; with --time-budget, items that no longer fit are skipped and recorded):
   cpu_model  a Hugging Face transformers BERT (all-MiniLM-L6-v2) forward on the CPU,
           float32 vs each inference preset (bench/cpu_model.py). Runs on the CPU
           whatever --device says, and only when asked for by name.
-  cpu_resources  the NumPy reference on the CPU: lowp.quantize's peak RSS and time per
-          scheme at 8192^2 float32 and bf16, against ml_dtypes' plain cast
-          (bench/cpu_resources.py).
+  cpu_resources  quantizing on the CPU: the NumPy reference's and lowp_torch's peak RSS
+          and time per scheme at 8192^2 float32 and bf16, against ml_dtypes' and torch's
+          plain casts (bench/cpu_resources.py).
 
 MX recipes have no MX GEMM before sm_100: on Hopper (and CPU) their GEMMs are
 emulated, and their rows say "numerics only". Results: bench/results/run_<device>_<time>.json
@@ -487,19 +487,28 @@ def moe(ctx: Context, sec: _record.Section) -> None:
 
 
 def cpu_resources(ctx: Context, sec: _record.Section) -> None:
-    """bench/cpu_resources.py: lowp.quantize's peak memory and time on the CPU against
-    ml_dtypes' plain cast, per scheme and input dtype, each measured in a child process."""
+    """bench/cpu_resources.py: lowp.quantize's and lowp_torch.quantize's peak memory and
+    time on the CPU against the plain casts, per scheme and input dtype, each measured in
+    a child process."""
     from bench import cpu_resources as cpu
 
     casts: dict = {}
-    for hp_dtype in cpu.DTYPES:
-        for scheme in cpu.SCHEMES:
-            sec.item(
-                f"{scheme} {hp_dtype}",
-                lambda scheme=scheme, hp_dtype=hp_dtype: [
-                    cpu.measure(scheme, hp_dtype, ctx.sizes.cpu_shape, ctx.sizes.cpu_repeats, casts)
-                ],
-            )
+    for path in cpu.PATHS:
+        for hp_dtype in cpu.DTYPES:
+            for scheme in cpu.SCHEMES:
+                sec.item(
+                    f"{path} {scheme} {hp_dtype}",
+                    lambda scheme=scheme, hp_dtype=hp_dtype, path=path: [
+                        cpu.measure(
+                            scheme,
+                            hp_dtype,
+                            ctx.sizes.cpu_shape,
+                            ctx.sizes.cpu_repeats,
+                            casts,
+                            path,
+                        )
+                    ],
+                )
 
 
 def _cpu_format(row) -> str:

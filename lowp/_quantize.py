@@ -7,6 +7,7 @@ once. Group handling lives in `_groups`, the element encoder in `_formats`.
 
 import contextlib
 import math
+from types import EllipsisType
 from typing import NamedTuple
 
 import ml_dtypes
@@ -34,6 +35,11 @@ def _hp_input(x, name: str) -> tuple[np.ndarray, str]:
         raise TypeError(
             f"{name}: lowp.quantize takes a numpy array, got {type(x).__name__}; "
             "use lowp_torch / lowp_jax for framework tensors"
+        )
+    if x.dtype.byteorder == ">":  # else "dtype >f4 is not float32": it is, byte-swapped
+        raise TypeError(
+            f"{name}: a big-endian array ({x.dtype.str}); lowp reads little-endian bit "
+            "patterns: convert it with x.astype(x.dtype.newbyteorder('<'))"
         )
     if x.dtype == np.float64:
         raise TypeError(
@@ -64,21 +70,70 @@ def _random_source(x: np.ndarray, rounding, random_bits, seed, offset, name) -> 
     return source
 
 
-def _as_rows(x: np.ndarray, scheme: _schemes.Scheme) -> tuple[np.ndarray, _schemes.Scheme]:
-    """`x` viewed with its leading dims merged (a 0-d one as one element), and the scheme
-    that groups the view as `scheme` groups `x`, where both exist; else `x` and `scheme`.
-    Slabs are cut along axis 0, so merging lets a rank-3 expert stack be cut finely."""
-    if x.ndim == 0:
-        new: tuple[int, ...] = (1,)
-    elif x.ndim > 2:
-        new = (math.prod(x.shape[:-1]), x.shape[-1])
+class SlabPlan(NamedTuple):
+    """How `quantize` cuts an input into slabs of rows (`slab_plan`); the torch frontend
+    cuts its eager CPU calls the same way (`lowp.extend.slab_plan`)."""
+
+    shape: tuple[int, ...]  # the shape the slabs cut: the input's, or its leading dims merged
+    scheme: _schemes.Scheme  # the scheme that groups `shape` as the given one groups the input
+    slabs: list[tuple[int, int]]  # row ranges along axis 0: whole groups, whole float4 bytes
+    amax_first: bool  # a group spans every slab (or NVFP4's global scale): amax over all first
+
+    @property
+    def row_size(self) -> int:
+        """Elements a row of `shape`: a slab from row `start` begins at flat index
+        `start * row_size` of the input (stochastic rounding's bits follow it)."""
+        return math.prod(self.shape[1:])
+
+    def groups(self, start: int, stop: int) -> slice | EllipsisType:
+        """The scales of rows `start:stop`: a slice along axis 0 of the plain scale
+        shape of `shape`, or all of them (`...`) where a group spans axis 0."""
+        return _groups.slab_groups(start, stop, self.scheme, len(self.shape))
+
+
+def slab_plan(
+    shape: tuple[int, ...],
+    scheme: _schemes.Scheme,
+    chunk_elements: int,
+    *,
+    contiguous: bool = True,
+    name: str = "input",
+) -> SlabPlan:
+    """Slabs of about `chunk_elements` elements (at least one row, or one row of groups)
+    for quantizing an input of `shape` (which `scheme` admits) a slab at a time.
+
+    Leading dims merge into one (a 0-d input is one element) where the scheme groups the
+    merged shape alike and the input is `contiguous` (the merge is then a view), so a
+    rank-3 expert stack is cut as finely as a matrix. `check_chunk_elements` first.
+    """
+    check_chunk_elements(chunk_elements, name)
+    shape, rows_scheme = tuple(int(n) for n in shape), scheme
+    new: tuple[int, ...] | None = None
+    if not shape:
+        new = (1,)
+    elif len(shape) > 2:
+        new = (math.prod(shape[:-1]), shape[-1])
+    if new is not None and contiguous:
+        merged = scheme.reshaped(shape, new)
+        if merged is not None:
+            shape, rows_scheme = new, merged
+    if 0 in shape[1:]:  # no element: one slab, however many empty rows a shape claims
+        slabs = [(0, shape[0])]
     else:
-        return x, scheme
-    merged = scheme.reshaped(x.shape, new)
-    if merged is None or not x.flags.c_contiguous:  # a strided input: cut it as it is
-        return x, scheme
-    view = x.reshape(new)  # a view of a C-contiguous array
-    return view, merged
+        slabs = _groups.slabs(shape, rows_scheme, chunk_elements)
+    if _formats.element_format(scheme.fmt).name == "float4_e2m1fn" and len(shape) == 1:
+        slabs = _whole_bytes(slabs)
+    nvfp4_global = scheme.family == "nvfp4" and scheme.global_scale  # type: ignore[union-attr]
+    amax_first = rows_scheme.tiles(len(shape))[0] is None or bool(nvfp4_global)
+    return SlabPlan(shape, rows_scheme, slabs, amax_first)
+
+
+def check_chunk_elements(chunk_elements, name: str = "input") -> None:
+    """TypeError / ValueError naming `name` unless `chunk_elements` is a positive int."""
+    if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int):
+        raise TypeError(f"{name}: chunk_elements must be an int, got {chunk_elements!r:.80}")
+    if chunk_elements < 1:
+        raise ValueError(f"{name}: chunk_elements must be positive, got {chunk_elements}")
 
 
 def _whole_bytes(slabs: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -191,27 +246,20 @@ def quantize(
     x, hp_dtype = _hp_input(x, name)
     shape = x.shape
     scheme.check_shape(shape)
-    if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int):
-        raise TypeError(f"{name}: chunk_elements must be an int, got {chunk_elements!r}")
-    if chunk_elements < 1:
-        raise ValueError(f"{name}: chunk_elements must be positive, got {chunk_elements}")
     source = _random_source(x, rounding, random_bits, seed, offset, name)
     fmt = _formats.element_format(scheme.fmt)
-    rows, row_scheme = _as_rows(x, scheme)
+    plan = slab_plan(shape, scheme, chunk_elements, contiguous=x.flags.c_contiguous, name=name)
+    rows, row_scheme, slabs = x.reshape(plan.shape), plan.scheme, plan.slabs
     random_rows = None if random_bits is None else np.reshape(random_bits, rows.shape)
     packed = fmt.name == "float4_e2m1fn"
-    slabs = _groups.slabs(rows.shape, row_scheme, chunk_elements)
-    if packed and rows.ndim == 1:
-        slabs = _whole_bytes(slabs)
-    row_size = math.prod(rows.shape[1:])
+    row_size = plan.row_size
 
     # Groups that span axis 0, and NVFP4's global scale, need every slab's amax first.
-    nvfp4_global = scheme.family == "nvfp4" and scheme.global_scale  # type: ignore[union-attr]
     amax_bits = None
-    if row_scheme.tiles(rows.ndim)[0] is None or nvfp4_global:
+    if plan.amax_first:
         amax_bits = np.zeros(row_scheme.scale_shape(rows.shape), np.uint32)
         for start, stop in slabs:
-            part = amax_bits[_groups.slab_groups(start, stop, row_scheme, rows.ndim)]
+            part = amax_bits[plan.groups(start, stop)]
             np.maximum(part, _groups.group_max(_abs_bits(rows[start:stop]), row_scheme), out=part)
         amax_bits = np.where(amax_bits <= _bits.MANT_MASK, np.uint32(0), amax_bits)
     nvfp4 = _nvfp4_global(amax_bits, scheme) if scheme.family == "nvfp4" else None
@@ -221,7 +269,7 @@ def quantize(
     scale = np.empty(row_scheme.scale_shape(rows.shape), scale_dtype)
     scratch = _rounding.Scratch()
     for start, stop in slabs:
-        groups = _groups.slab_groups(start, stop, row_scheme, rows.ndim)
+        groups = plan.groups(start, stop)
         xf = np.ascontiguousarray(rows[start:stop], dtype=np.float32)
         absb = None if amax_bits is not None and scheme.family == "float" else _bits.abs_bits(xf)
         if amax_bits is not None:
@@ -272,7 +320,7 @@ def quantize(
             codes[start:stop] = _layouts.pack_fp4(slab_codes)
 
     global_scale = None
-    if nvfp4 is not None and nvfp4_global:
+    if nvfp4 is not None and scheme.global_scale:  # type: ignore[union-attr]
         stored = _bits.from_bits(_bits.NAN_F32) if nvfp4.poisoned else nvfp4.s_dec
         global_scale = np.asarray(stored, dtype=np.float32).reshape(())
     return _qtensor.QTensor(
@@ -372,15 +420,19 @@ def poisoned_groups(q: _qtensor.QTensor) -> np.ndarray:
     raise TypeError(f"unknown scheme family {family!r} of {q.scheme!r}")
 
 
-def dequantize(q: _qtensor.QTensor, out_dtype: str | None = None) -> np.ndarray:
+def dequantize(
+    q: _qtensor.QTensor, out_dtype: str | None = None, *, chunk_elements: int = CHUNK_ELEMENTS
+) -> np.ndarray:
     """The values `q` stands for, as `out_dtype` (default: the dtype it was quantized from).
 
     Poisoned groups give the canonical NaN of `out_dtype`; everything else is
-    `RN_out(ftz(RN32(value(code) * scale)))` per spec §3.
+    `RN_out(ftz(RN32(value(code) * scale)))` per spec §3. The work goes a slab of rows at
+    a time, cut as `quantize` cuts them, so memory beyond the output stays a few slabs.
 
     Args:
       q: a QTensor from `quantize` or `load`.
       out_dtype: "float32", "bfloat16", "float16" or None.
+      chunk_elements: about how many elements a slab holds; never changes the result.
     """
     if not isinstance(q, _qtensor.QTensor):
         raise TypeError(f"dequantize takes a lowp.QTensor, got {type(q).__name__}")
@@ -395,10 +447,37 @@ def dequantize(q: _qtensor.QTensor, out_dtype: str | None = None) -> np.ndarray:
         )
     scheme = q.scheme
     fmt = _formats.element_format(scheme.fmt)
-    codes = _layouts.unpack_fp4(q.codes) if fmt.name == "float4_e2m1fn" else q.codes
-    values = _formats.decode(codes, fmt)
-    scale = _plain_scale(q)
+    packed = fmt.name == "float4_e2m1fn"
+    plan = slab_plan(q.shape, scheme, chunk_elements, contiguous=q.codes.flags.c_contiguous)
+    rows_scheme, scale_shape = plan.scheme, plan.scheme.scale_shape(plan.shape)
+    codes = q.codes.reshape(plan.shape[:-1] + (plan.shape[-1] // 2 if packed else plan.shape[-1],))
+    scale = np.reshape(_plain_scale(q), scale_shape)
+    poisoned = np.reshape(poisoned_groups(q), scale_shape)
+    s_dec = np.float32(1) if q.global_scale is None else _bits.ftz(q.global_scale)
+    out = np.empty(plan.shape, _NUMPY_DTYPES[out_dtype])
+    for start, stop in plan.slabs:
+        groups = plan.groups(start, stop)
+        if packed and len(plan.shape) == 1:  # two elements a byte along the axis cut
+            slab_codes = _layouts.unpack_fp4(codes[start // 2 : stop // 2])
+        elif packed:
+            slab_codes = _layouts.unpack_fp4(codes[start:stop])
+        else:
+            slab_codes = codes[start:stop]
+        out[start:stop] = _dequantize_slab(
+            _formats.decode(slab_codes, fmt),
+            scale[groups],
+            poisoned[groups],
+            s_dec,
+            rows_scheme,
+            out_dtype,
+        )
+    return out.reshape(q.shape)
 
+
+def _dequantize_slab(values, scale, poisoned, s_dec, scheme, out_dtype: str) -> np.ndarray:
+    """`dequantize`'s arithmetic on the decoded values of a slab whose groups' stored
+    scales are `scale` (plain layout), poisoned where `poisoned` says."""
+    shape = values.shape
     # A finite input near FLT_MAX can dequantize to +-Inf where the scale rounded up
     # (pow2, MX ceil/rceil): IEEE rounding of the product, documented, not warned about.
     with np.errstate(over="ignore", invalid="ignore"):
@@ -406,19 +485,18 @@ def dequantize(q: _qtensor.QTensor, out_dtype: str | None = None) -> np.ndarray:
         # matters only for a hand-made one (quantize's are >= EPS / max, normal).
         if scheme.family == "float":
             scale = _bits.ftz(np.asarray(scale, np.float32))
-            out = np.multiply(values, _groups.expand(scale, scheme, q.shape), dtype=np.float32)
+            out = np.multiply(values, _groups.expand(scale, scheme, shape), dtype=np.float32)
         elif scheme.family == "mx":
             exponent = np.where(scale == 0xFF, 127, scale.astype(np.int64)) - 127
-            out = _bits.mul_pow2(values, _groups.expand(exponent, scheme, q.shape))
+            out = _bits.mul_pow2(values, _groups.expand(exponent, scheme, shape))
         elif scheme.family == "nvfp4":
-            s_dec = np.float32(1) if q.global_scale is None else _bits.ftz(q.global_scale)
             p = _bits.ftz(np.multiply(_formats.decode(scale, _E4M3), s_dec, dtype=np.float32))
-            out = np.multiply(values, _groups.expand(p, scheme, q.shape), dtype=np.float32)
+            out = np.multiply(values, _groups.expand(p, scheme, shape), dtype=np.float32)
         else:
             raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
 
     out = _bits.ftz(out)
-    poisoned = _groups.expand(poisoned_groups(q), scheme, q.shape) | np.isnan(out)
+    poisoned = _groups.expand(poisoned, scheme, shape) | np.isnan(out)
     with np.errstate(over="ignore"):  # RN_out may overflow float16 to +-Inf, as IEEE says
         result = out.astype(_NUMPY_DTYPES[out_dtype])
     nan = np.array(

@@ -45,6 +45,12 @@ Stored arrays (spec §5)
                                  (MAX_EMPTY_SPAN), or None: work that follows a shape
                                  must not grow with dims no byte backs.
   poisoned_groups(q)             which groups of a QTensor a NaN/Inf poisoned (spec §6).
+  slab_plan(shape, scheme, chunk_elements, contiguous=, name=) -> SlabPlan
+                                 how `lowp.quantize` cuts an input into slabs of whole
+                                 groups (rows, the scales of each slab, whether the amax
+                                 of every slab comes first): a frontend that quantizes
+                                 in slabs cuts the same way.
+  check_chunk_elements(n, name)  TypeError / ValueError naming `name` unless a positive int.
 
 Arithmetic constants and rules
   EPS                            the floor on amax for float scales (spec §3.1).
@@ -128,7 +134,7 @@ from lowp._qtensor import (
     empty_span_problem,
     stored_scale_shape,
 )
-from lowp._quantize import EPS, poisoned_groups
+from lowp._quantize import EPS, SlabPlan, check_chunk_elements, poisoned_groups, slab_plan
 from lowp._rounding import random_source
 from lowp._schemes import (
     MX_MODES,
@@ -159,9 +165,11 @@ __all__ = [
     "LinearPlan",
     "OperandPlan",
     "ProducerPlan",
+    "SlabPlan",
     "StoredLayout",
     "blocked_matrix_shape",
     "call_pays",
+    "check_chunk_elements",
     "check_group_sizes",
     "check_grouped_scheme",
     "check_layout",
@@ -188,6 +196,7 @@ __all__ = [
     "refuse_origin",
     "scale_format",
     "shard_groups",
+    "slab_plan",
     "stored_scale_shape",
     "token_capacity",
     "token_segments",

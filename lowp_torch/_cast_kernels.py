@@ -140,8 +140,12 @@ def triton_problem(
 ) -> str | None:
     """Why the Triton kernels cannot quantize this call, or None when they can.
     `forced`: under cast_kernels("triton"), where the interpreter may run CPU tensors."""
-    if type(t) not in _PLAIN_TENSORS or t.dtype not in _storage.HP_DTYPES:
-        return f"the input is not a float32/bfloat16/float16 tensor ({_describe(t)})"
+    if (
+        type(t) not in _PLAIN_TENSORS
+        or t.dtype not in _storage.HP_DTYPES
+        or t.layout != torch.strided
+    ):
+        return f"the input is not a dense float32/bfloat16/float16 tensor ({_describe(t)})"
     if t.device.type != "cuda" and not (forced and _interpreting()):
         return f"the input is on {t.device}, not CUDA"
     try:
@@ -171,7 +175,10 @@ def scheme_problem(scheme) -> str | None:
 
 
 def _describe(t) -> str:
-    return f"{type(t).__name__} of {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    layout = "" if t.layout == torch.strided else f", {t.layout}"
+    return f"{type(t).__name__} of {t.dtype}{layout}"
 
 
 _TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # found, not imported

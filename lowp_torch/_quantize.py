@@ -17,6 +17,8 @@ Triton kernels (`_triton_casts`; `_cast_kernels` says when): the same bytes, at
 memory bandwidth.
 """
 
+import math
+
 import numpy as np
 import torch
 
@@ -37,10 +39,15 @@ _E4M3 = extend.FLOAT8_E4M3FN
 _E2M1 = extend.FLOAT4_E2M1FN
 _ONE_SIXTH = float(np.float32(1) / np.float32(6))  # RN32(1/6), exact as a Python float
 _WHOLE_TENSOR = lowp.TensorScaling()  # the group of NVFP4's global amax
+# An eager CPU call goes a slab of about this many elements at a time: 1 MiB of float32,
+# so that the dozen passes over a slab stay in the cache (docs/performance.md).
+CHUNK_ELEMENTS = 1 << 18
 
 
 def _hp_input(t, name: str) -> torch.Tensor:
-    """`t` as float32 (exact); TypeError for any other input (spec §0.1)."""
+    """`t` detached, in its own dtype; TypeError for any input but a float32, bfloat16
+    or float16 tensor (spec §0.1). Each slab is widened to float32 (exact) where it is
+    quantized."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(
             f"{name}: lowp_torch.quantize takes a torch.Tensor, got {type(t).__name__}; "
@@ -48,6 +55,11 @@ def _hp_input(t, name: str) -> torch.Tensor:
         )
     if isinstance(t, _qtensor.QuantizedTensor):
         raise TypeError(f"{name}: already quantized ({t.scheme}); dequantize() it first")
+    if t.layout != torch.strided:  # else "reshape is not implemented for sparse tensors"
+        raise TypeError(
+            f"{name}: a {t.layout} tensor of shape {tuple(t.shape)}; lowp quantizes dense "
+            "tensors: convert it with t.to_dense()"
+        )
     if t.dtype == torch.float64:
         raise TypeError(
             f"{name}: float64 input is refused (float64 -> float32 -> float8 rounds twice); "
@@ -56,16 +68,24 @@ def _hp_input(t, name: str) -> torch.Tensor:
     if t.dtype not in _storage.HP_DTYPES:
         raise TypeError(f"{name}: input dtype {t.dtype} is not float32, bfloat16 or float16")
     # Codes have no gradient; detaching keeps autograd from recording the bit arithmetic.
-    return t.detach().to(torch.float32)
+    return t.detach()
 
 
-def _random_for(t, rounding, random_bits, seed, offset, name) -> torch.Tensor | None:
-    """The uint32 (in int64) per element that stochastic rounding consumes, or None."""
+def _random_for(t, rounding, random_bits, seed, offset, name):
+    """The bits stochastic rounding consumes, or None for nearest rounding: a function
+    of a slab's first flat index in `t` and its shape, giving one uint32 (in int64) per
+    element of the slab, the bits of those elements in the whole tensor (spec §4: a
+    function of each element's index, so slabs change no bit)."""
     source = extend.random_source(rounding, random_bits, seed, offset == 0, name)
     if source == "none":
         return None
     if source == "seed":
-        return _rounding.random_bits(seed, tuple(t.shape), offset, device=t.device)
+
+        def from_seed(first: int, shape: tuple) -> torch.Tensor:
+            at = offset if first == 0 else offset + first  # an int, or a 0-d int64 tensor
+            return _rounding.random_bits(seed, shape, at, device=t.device)
+
+        return from_seed
     if not isinstance(random_bits, torch.Tensor) or random_bits.dtype not in (
         torch.uint32,
         torch.int64,
@@ -81,35 +101,52 @@ def _random_for(t, rounding, random_bits, seed, offset, name) -> torch.Tensor | 
         )
     if random_bits.device != t.device:
         raise ValueError(f"{name}: random_bits is on {random_bits.device}, the input on {t.device}")
-    if random_bits.dtype == torch.uint32:
-        # Few uint32 ops exist; reinterpret as int32 and widen, keeping the 32 bits.
-        return random_bits.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    return random_bits & 0xFFFFFFFF  # only the low 32 bits are read, as for uint32
+    flat = random_bits.reshape(-1)
+
+    def given(first: int, shape: tuple) -> torch.Tensor:
+        part = flat[first : first + math.prod(shape)].reshape(shape)
+        if part.dtype == torch.uint32:
+            # Few uint32 ops exist; reinterpret as int32 and widen, keeping the 32 bits.
+            return part.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        return part & 0xFFFFFFFF  # only the low 32 bits are read, as for uint32
+
+    return given
 
 
-def _check_finite(absb: torch.Tensor, name: str) -> None:
-    """FloatingPointError naming the tensor if any element is NaN or ±Inf (a host sync)."""
-    bad = absb >= _bits.INF_BITS
-    if bool(bad.any()):
+def _check_finite(slabs, shape: tuple, name: str) -> None:
+    """FloatingPointError naming the tensor if any element is NaN or ±Inf (a host sync).
+
+    `slabs`: (first flat index, float32 part) pairs that cover the input in C order."""
+    count, first = 0, None
+    for start, part in slabs:
+        absb = _bits.abs_bits(part)
+        bad = absb >= _bits.INF_BITS
+        if not bool(bad.any()):
+            continue
         flat = bad.reshape(-1)
-        first_flat = int(torch.argmax(flat.to(torch.uint8)))
-        first = np.unravel_index(first_flat, tuple(absb.shape))
-        value = np.uint32(int(absb.reshape(-1)[first_flat])).view(np.float32)
+        count += int(flat.sum())
+        if first is None:
+            at = int(torch.argmax(flat.to(torch.uint8)))
+            first = (start + at, np.uint32(int(absb.reshape(-1)[at])).view(np.float32))
+    if first is not None:
+        index = np.unravel_index(first[0], shape)
         raise FloatingPointError(
-            f"{name}: {int(flat.sum())} non-finite element(s), the first at index "
-            f"{tuple(int(i) for i in first)} (|x| = {value}); check_finite=True refuses to quantize"
+            f"{name}: {count} non-finite element(s), the first at index "
+            f"{tuple(int(i) for i in index)} (|x| = {first[1]}); check_finite=True refuses to quantize"
         )
 
 
-def _encode_elements(v, fmt, random, poisoned_elements) -> torch.Tensor:
+def _encode_elements(v, fmt, random, poisoned, scheme, on_host: bool) -> torch.Tensor:
     """Clamp the flushed `v` to ±max and round to uint8 codes; code 0 in poisoned groups.
 
-    `poisoned_elements` is an int32 mask (-1 in a poisoned group), broadcastable to v.
-    Clamping to the normal ±max makes no subnormal, so v stays flushed; NaN (in
-    poisoned groups only) becomes +0.0 there, whose code is 0 under either rounding.
+    `poisoned`: bool, one a group of `scheme`. Clamping to the normal ±max makes no
+    subnormal, so v stays flushed; NaN (in poisoned groups only) becomes +0.0 there,
+    whose code is 0 under either rounding. `on_host` (an eager CPU slab, whose flags
+    may be read): where no group is poisoned there is nothing to clear.
     """
     v = torch.clamp(v, -fmt.max, fmt.max)
-    v = _bits.from_bits(_bits.bits(v) & ~poisoned_elements)
+    if not on_host or bool(poisoned.any()):
+        v = _bits.from_bits(_bits.bits(v) & ~_poison_mask(poisoned, scheme, tuple(v.shape)))
     return _rounding.round_elements(v, fmt, random).to(torch.uint8)
 
 
@@ -154,8 +191,15 @@ def quantize(
     offset: int = 0,
     check_finite: bool = False,
     name: str = "input",
+    chunk_elements: int = CHUNK_ELEMENTS,
 ) -> _qtensor.QuantizedTensor:
     """Quantize `t` with `scheme`: the bytes `lowp.quantize` gives, on any device.
+
+    An eager call on a CPU tensor goes a slab of rows at a time, cut as `lowp.quantize`
+    cuts them (`lowp.extend.slab_plan`), so the memory it takes beyond the output stays a
+    few slabs and the work stays in the cache; everywhere else (CUDA, torch.compile,
+    functorch transforms, subclasses) it is one pass of whole-tensor ops, which Inductor
+    fuses. The bytes do not depend on the slabs.
 
     Args:
       t: float32, bfloat16 or float16 tensor of any shape the scheme admits, on any
@@ -171,6 +215,8 @@ def quantize(
         sync, and under torch.compile a graph break, where the error is raised before
         any code is made (with fullgraph=True, compilation refuses it).
       name: how errors refer to `t`.
+      chunk_elements: about how many elements an eager CPU slab holds (at least one
+        row, or one row of groups); changes memory and speed, never the result.
 
     Returns:
       A QuantizedTensor on t's device with the plain scale layout: codes
@@ -198,57 +244,194 @@ def quantize(
         from lowp_torch import _triton_casts  # imports triton: only when it runs
 
         return _triton_casts.quantize(t, scheme)
-    xf = _hp_input(t, name)
-    hp_dtype = t.dtype
-    shape = tuple(xf.shape)  # SymInts stay symbolic under torch.compile (no recompile per M)
+    x = _hp_input(t, name)
+    shape = tuple(x.shape)  # SymInts stay symbolic under torch.compile (no recompile per M)
     scheme.check_shape(shape)
-    random = _random_for(xf, rounding, random_bits, seed, offset, name)
-    xf = _bits.ftz(xf)
-    absb = _bits.abs_bits(xf)
-    if check_finite:
-        _check_finite(absb, name)
+    random = _random_for(x, rounding, random_bits, seed, offset, name)
     fmt = extend.element_format(scheme.fmt)
-    amax_bits = _groups.group_max(absb, scheme)
-    poisoned = amax_bits >= _bits.INF_BITS
-    poisoned_elements = _poison_mask(poisoned, scheme, shape)
-    amax_bits = torch.where(poisoned, 0, amax_bits)
-    global_scale = None
-
-    if scheme.family == "float":
-        m, d = _float_scales(amax_bits, fmt, scheme.pow2)
-        v = _bits.ftz(xf * _groups.expand(m, scheme, shape))
-        codes = _encode_elements(v, fmt, random, poisoned_elements)
-        scale = _bits.from_bits(torch.where(poisoned, _bits.NAN_F32, _bits.bits(d)))
-    elif scheme.family == "mx":
-        s = torch.where(poisoned, 0xFF, _mx_scale_bytes(amax_bits, fmt, scheme.mode))
-        # 2**(127 - s) is a normal float32 for every finite-group byte s in [0, 253].
-        exponent = 127 - torch.where(poisoned, 127, s)
-        v = _bits.ftz(xf * _groups.expand(_bits.pow2(exponent), scheme, shape))
-        codes = _encode_elements(v, fmt, random, poisoned_elements)
-        scale = _storage.as_stored(s.to(torch.uint8), torch.float8_e8m0fnu)
-    elif scheme.family == "nvfp4":
-        codes, scale, global_scale = _quantize_nvfp4(xf, absb, scheme, random, amax_bits, poisoned)
+    extend.check_chunk_elements(chunk_elements, name)
+    if _in_slabs(t):
+        plan = extend.slab_plan(
+            shape, scheme, chunk_elements, contiguous=x.is_contiguous(), name=name
+        )
+        codes, scale, nvfp4 = _in_slabs_of(
+            x.reshape(plan.shape), plan, fmt, random, check_finite, name, shape
+        )
+        codes = codes.reshape(shape[:-1] + codes.shape[-1:] if shape else ())
+        scale = scale.reshape(scheme.scale_shape(shape))
     else:
-        raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
+        xf = _bits.ftz(x.to(torch.float32))
+        if check_finite:
+            _check_finite([(0, xf)], shape, name)
+        amax_bits = _groups.group_max(_bits.abs_bits(xf), scheme)
+        nvfp4 = _nvfp4_global(amax_bits, scheme, xf.device) if scheme.family == "nvfp4" else None
+        multiplier, scale, poisoned = _group_scales(amax_bits, scheme, fmt, nvfp4)
+        element_random = None if random is None else random(0, shape)
+        codes = _element_codes(xf, multiplier, poisoned, scheme, fmt, element_random)
 
-    if fmt.name == "float4_e2m1fn":
-        codes = _layouts.pack_fp4(codes)
+    global_scale = None
+    if scheme.family == "mx":
+        scale = _storage.as_stored(scale, torch.float8_e8m0fnu)
+    elif scheme.family == "nvfp4":
+        scale = _storage.as_stored(scale, torch.float8_e4m3fn)
+        if scheme.global_scale:
+            s_dec, tensor_poisoned = nvfp4[1], nvfp4[2]
+            global_scale = _bits.from_bits(
+                torch.where(tensor_poisoned, _bits.NAN_F32, _bits.bits(s_dec))
+            ).reshape(())
     return _qtensor.QuantizedTensor(
         codes=_storage.as_stored(codes, _storage.CODE_DTYPES[fmt.name]),
         scale=scale,
         global_scale=global_scale,
         scheme=scheme,
         shape=shape,
-        hp_dtype=hp_dtype,
+        hp_dtype=t.dtype,
     )
 
 
-def _nvfp4_global(absb: torch.Tensor, scheme):
-    """(S_enc, S_dec, tensor poisoned) of spec §3.3 as 0-d tensors, without a branch on data."""
-    one = torch.ones((), dtype=torch.float32, device=absb.device)
+def _group_scales(amax_bits, scheme, fmt, nvfp4):
+    """(encode multiplier (float32), stored scale (float32 for float scales, else its
+    uint8 bytes), poisoned (bool)), one a group, from the groups' |x| maxima: int32
+    patterns of the flushed input, non-finite for a poisoned group (spec §3, §6)."""
+    poisoned = amax_bits >= _bits.INF_BITS
+    amax_bits = torch.where(poisoned, 0, amax_bits)
+    if scheme.family == "float":
+        m, d = _float_scales(amax_bits, fmt, scheme.pow2)
+        return m, _bits.from_bits(torch.where(poisoned, _bits.NAN_F32, _bits.bits(d))), poisoned
+    if scheme.family == "mx":
+        s = torch.where(poisoned, 0xFF, _mx_scale_bytes(amax_bits, fmt, scheme.mode))
+        # 2**(127 - s) is a normal float32 for every finite-group byte s in [0, 253].
+        multiplier = _bits.pow2(127 - torch.where(poisoned, 127, s))
+        return multiplier, s.to(torch.uint8), poisoned
+    if scheme.family == "nvfp4":
+        return _nvfp4_block_scales(amax_bits, poisoned, nvfp4)
+    raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
+
+
+def _element_codes(xf, multiplier, poisoned, scheme, fmt, random, on_host: bool = False):
+    """The codes of the flushed float32 `xf` (packed for float4): each element times its
+    group's multiplier, flushed, clamped to ±max, rounded; code 0 in poisoned groups.
+
+    `on_host` (an eager CPU slab) skips the work that changes no code: the flush of the
+    products (a float32 subnormal rounds to the signed zero its flush gives, in every
+    element format and either rounding) and the poison mask where nothing is poisoned
+    (`_encode_elements`)."""
+    shape = tuple(xf.shape)
+    grid, full, padded = extend.group_broadcast(shape, scheme)
+    if on_host and tuple(padded) == shape:  # whole tiles: multiply in the split view
+        v = (xf.reshape(full) * multiplier.reshape(grid)).reshape(shape)
+    else:
+        v = xf * _groups.expand(multiplier, scheme, shape)
+    if not on_host:
+        v = _bits.ftz(v)
+    codes = _encode_elements(v, fmt, random, poisoned, scheme, on_host)
+    return _layouts.pack_fp4(codes) if fmt.name == "float4_e2m1fn" else codes
+
+
+def _in_slabs(t: torch.Tensor) -> bool:
+    """Whether `quantize` cuts `t` into slabs: an eager call on a plain CPU tensor.
+    Compiled, traced or transformed calls keep the whole-tensor ops, one graph."""
+    return (
+        t.device.type == "cpu"
+        and type(t) in (torch.Tensor, torch.nn.Parameter)
+        and not _storage.traced(t)
+        and not torch.jit.is_tracing()
+        and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+    )
+
+
+def _in_slabs_of(rows, plan, fmt, random, check_finite: bool, name: str, shape: tuple):
+    """(codes, stored scale, NVFP4's global step) of `rows` (the input viewed as
+    `plan.shape`, on the CPU, eager), a slab at a time, with the bytes of the
+    whole-tensor ops; the work that changes no code is left out, as the reference
+    leaves it out. The float family's input is not flushed: its multiplier is at most
+    fmt.max / EPS, which leaves a float32 subnormal far below every format's smallest
+    subnormal (the same signed zero, flushed or not); MX and NVFP4 slabs are flushed
+    where they hold a subnormal. Group maxima are flushed instead (flushing is monotone
+    on |x| patterns). Where groups span every slab, their scales are made once."""
+    scheme, row_size, slabs = plan.scheme, plan.row_size, plan.slabs
+    amax_bits = scales = nvfp4 = None  # scales: (multiplier, stored, poisoned) of all groups
+    if check_finite:
+        parts = ((start * row_size, rows[start:stop].to(torch.float32)) for start, stop in slabs)
+        _check_finite(parts, shape, name)
+    if plan.amax_first:
+        amax_bits = _flushed_max(_amax_over_slabs(rows, plan))
+    if scheme.family == "nvfp4":
+        nvfp4 = _nvfp4_global(amax_bits, scheme, rows.device)
+    if amax_bits is not None and scheme.tiles(len(plan.shape))[0] is None:
+        scales = _group_scales(amax_bits, scheme, fmt, nvfp4)
+    packed = fmt.name == "float4_e2m1fn"
+    last = plan.shape[-1] // 2 if packed else plan.shape[-1]
+    codes = torch.empty(plan.shape[:-1] + (last,), dtype=torch.uint8)
+    if scales is not None:
+        scale = scales[1]
+    else:
+        scale_dtype = torch.float32 if scheme.family == "float" else torch.uint8
+        scale = torch.empty(scheme.scale_shape(plan.shape), dtype=scale_dtype)
+    for start, stop in slabs:
+        groups = plan.groups(start, stop)
+        xf = rows[start:stop].to(torch.float32)
+        absb = None
+        if scheme.family != "float" or amax_bits is None:
+            absb = _bits.abs_bits(xf)
+        if scheme.family != "float" and _has_subnormal(absb):
+            xf = _bits.ftz(xf)
+        if scales is not None:
+            multiplier, _, poisoned = scales
+        else:
+            if amax_bits is not None:
+                slab_amax = amax_bits[groups]
+            else:
+                slab_amax = _flushed_max(_groups.group_max(absb, scheme))
+            multiplier, scale[groups], poisoned = _group_scales(slab_amax, scheme, fmt, nvfp4)
+        slab_random = None if random is None else random(start * row_size, tuple(xf.shape))
+        slab_codes = _element_codes(xf, multiplier, poisoned, scheme, fmt, slab_random, True)
+        if packed and len(plan.shape) == 1:  # two elements a byte along the axis cut
+            codes[start // 2 : stop // 2] = slab_codes
+        else:
+            codes[start:stop] = slab_codes
+    return codes, scale, nvfp4
+
+
+def _amax_over_slabs(rows, plan) -> torch.Tensor:
+    """The |x| pattern maxima (int32) of the groups of `rows`, which span its slabs (or
+    NVFP4's global scale needs them all), taken a slab at a time. One group (a tensor
+    scale) is read with `torch.aminmax`, one vectorized pass: max(|min|, |max|) is the
+    max of |x|, and a NaN anywhere makes both NaN (torch's min and max propagate it)."""
+    scheme = plan.scheme
+    amax_bits = torch.zeros(scheme.scale_shape(plan.shape), dtype=torch.int32)
+    one_group = amax_bits.numel() == 1
+    for start, stop in plan.slabs:
+        slab = rows[start:stop].to(torch.float32)
+        if one_group and slab.numel():
+            low, high = torch.aminmax(slab)
+            slab_amax = _bits.abs_bits(torch.stack([low, high])).amax().reshape(amax_bits.shape)
+        else:
+            slab_amax = _groups.group_max(_bits.abs_bits(slab), scheme)
+        part = amax_bits[plan.groups(start, stop)]
+        torch.maximum(part, slab_amax, out=part)
+    return amax_bits
+
+
+def _flushed_max(amax_bits: torch.Tensor) -> torch.Tensor:
+    """Group maxima of |x| patterns as those of the flushed input: 0 for a subnormal."""
+    return torch.where(amax_bits <= _bits.MANT_MASK, 0, amax_bits)
+
+
+def _has_subnormal(absb: torch.Tensor) -> bool:
+    """Whether any |x| pattern is a float32 subnormal (a host read): (absb - 1) wraps 0
+    to -1, cleared to the largest pattern, so only subnormals fall below MANT_MASK."""
+    return absb.numel() > 0 and bool(torch.amin((absb - 1) & _bits.ABS) < _bits.MANT_MASK)
+
+
+def _nvfp4_global(block_amax_bits: torch.Tensor | None, scheme, device):
+    """(S_enc, S_dec, tensor poisoned) of spec §3.3 as 0-d tensors on `device`, without
+    a branch on data, from the blocks' |x| maxima (the tensor's is their max)."""
+    one = torch.ones((), dtype=torch.float32, device=device)
     if not scheme.global_scale:
-        return one, one, torch.zeros((), dtype=torch.bool, device=absb.device)
-    tensor_amax_bits = _groups.group_max(absb, _WHOLE_TENSOR)
+        return one, one, torch.zeros((), dtype=torch.bool, device=device)
+    assert block_amax_bits is not None
+    tensor_amax_bits = _groups.group_max(block_amax_bits, _WHOLE_TENSOR)
     tensor_poisoned = tensor_amax_bits >= _bits.INF_BITS  # a non-finite tensor poisons every block
     trivial = tensor_poisoned | (tensor_amax_bits == 0)  # both give S_enc = S_dec = 1
     tensor_amax = _bits.from_bits(torch.where(trivial, _bits.bits(one), tensor_amax_bits))
@@ -257,9 +440,10 @@ def _nvfp4_global(absb: torch.Tensor, scheme):
     return s_enc, s_dec, tensor_poisoned
 
 
-def _quantize_nvfp4(xf, absb, scheme, random, block_amax_bits, block_poisoned):
-    """Transformer Engine's NVFP4 formula (spec §3.3), with lowp's poisoning (§6)."""
-    s_enc, s_dec, tensor_poisoned = _nvfp4_global(absb, scheme)
+def _nvfp4_block_scales(block_amax_bits, block_poisoned, nvfp4):
+    """Transformer Engine's NVFP4 block step (spec §3.3), with lowp's poisoning (§6):
+    (the encode multiplier 1/p, the stored e4m3 byte, poisoned) of each block."""
+    s_enc, s_dec, tensor_poisoned = nvfp4
     block_poisoned = block_poisoned | tensor_poisoned
     block_amax = _bits.from_bits(block_amax_bits)
     k = s_enc * _ONE_SIXTH
@@ -272,20 +456,8 @@ def _quantize_nvfp4(xf, absb, scheme, random, block_amax_bits, block_poisoned):
     inv = torch.where(
         p_is_zero, _bits.FLT_MAX, _bits.div_rn32(1.0, safe_p)
     )  # min(., FLT_MAX) inside
-    v = _bits.ftz(xf * _groups.expand(inv, scheme, tuple(xf.shape)))
-    codes = _encode_elements(
-        v, _E2M1, random, _poison_mask(block_poisoned, scheme, tuple(xf.shape))
-    )
-    scale_bytes = torch.where(block_poisoned, _E4M3.nan_codes[0], sb.to(torch.int32)).to(
-        torch.uint8
-    )
-    scale = _storage.as_stored(scale_bytes, torch.float8_e4m3fn)
-    global_scale = None
-    if scheme.global_scale:
-        global_scale = _bits.from_bits(
-            torch.where(tensor_poisoned, _bits.NAN_F32, _bits.bits(s_dec))
-        ).reshape(())
-    return codes, scale, global_scale
+    scale_bytes = torch.where(block_poisoned, _E4M3.nan_codes[0], sb.to(torch.int32))
+    return inv, scale_bytes.to(torch.uint8), block_poisoned
 
 
 def _plain_scale_bytes_or_float(q: _qtensor.QuantizedTensor) -> torch.Tensor:

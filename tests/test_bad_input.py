@@ -49,3 +49,22 @@ def test_lowp_inspect_names_a_directory(tmp_path, capsys):
 
     assert cli.main(["inspect", str(tmp_path), "--no-progress"]) == 2
     assert f"{tmp_path}: a directory with no " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">f2"])
+def test_quantize_names_a_big_endian_array(dtype):
+    # It said "input dtype >f4 is not float32, bfloat16 or float16": it is, byte-swapped.
+    with pytest.raises(TypeError, match=rf"x: a big-endian array \({dtype}\)"):
+        lowp.quantize(np.ones(4, dtype), lowp.TensorScaling(), name="x")
+
+
+@pytest.mark.parametrize("layout", ["to_sparse", "to_sparse_csr"])
+def test_torch_quantize_names_a_sparse_tensor(layout):
+    # A COO tensor raised "reshape is not implemented for sparse tensors" (CSR: "do not
+    # have is_contiguous"), neither naming the input.
+    torch = pytest.importorskip("torch")
+    import lowp_torch
+
+    sparse = getattr(torch.ones(4, 32), layout)()
+    with pytest.raises(TypeError, match=r"w: a torch\.sparse_\w+ tensor of shape \(4, 32\)"):
+        lowp_torch.quantize(sparse, lowp.MXScaling(), name="w")

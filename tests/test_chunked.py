@@ -220,3 +220,26 @@ def test_a_1d_fp4_input_larger_than_the_default_chunk_quantizes():
         q = lowp.quantize(x, scheme)
         assert q.codes.shape == (1 << 20,)
         assert _bytes(q) == _bytes(lowp.quantize(x, scheme, chunk_elements=1 << 30))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.spec)
+def test_dequantize_in_slabs_gives_the_same_values(scheme):
+    """lowp.dequantize a slab at a time (issue 23 item 5): every slab size gives the
+    bytes of one slab, for every out_dtype, NaN-poisoned groups included."""
+    for seed, shape in enumerate(SHAPES + [(96,), ()]):
+        if not _admits(scheme, shape):
+            continue
+        q = lowp.quantize(_input(shape, np.float32, seed) if shape else np.float32(1.5), scheme)
+        for out_dtype in ("float32", "bfloat16", "float16"):
+            whole = lowp.dequantize(q, out_dtype, chunk_elements=10**9)
+            assert whole.shape == shape
+            for chunk_elements in (1, 24):
+                got = lowp.dequantize(q, out_dtype, chunk_elements=chunk_elements)
+                assert got.shape == shape and got.tobytes() == whole.tobytes(), (shape, out_dtype)
+
+
+def test_an_empty_shape_is_one_slab_however_many_rows_it_claims():
+    from lowp import extend
+
+    plan = extend.slab_plan((2**40, 0), lowp.TensorScaling(), 8)
+    assert plan.slabs == [(0, 2**40)]

@@ -79,7 +79,11 @@ def test_a_thread_without_a_block_sees_the_latest_open_one():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the device thread needs CUDA")
 def test_a_cuda_backward_quantizes_in_the_forwards_mode(monkeypatch):
     """On CUDA the backward's casts run in autograd's device thread, which opens no block:
-    under "torch" every cast, forward and backward, stays on torch ops."""
+    under "torch" every cast, forward and backward, stays on torch ops.
+
+    small_shapes="quantize": on a GPU whose fp8 GEMMs run (sm_89+), the default policy
+    runs a 256x256x256 call as the float layer does, with no cast at all to record (what
+    failed on the H200: the recorder had nothing, in any thread)."""
     calls = []
     use_triton = _cast_kernels.use_triton
 
@@ -89,10 +93,17 @@ def test_a_cuda_backward_quantizes_in_the_forwards_mode(monkeypatch):
         return took
 
     monkeypatch.setattr(_cast_kernels, "use_triton", recording)
-    layer = lowp_torch.Linear(256, 256, recipe="float8_rowwise", device="cuda")
+    layer = lowp_torch.Linear(
+        256, 256, recipe="float8_rowwise", device="cuda", small_shapes="quantize"
+    )
     x = torch.randn(256, 256, device="cuda", requires_grad=True)
     with lowp_torch.cast_kernels("torch"):
-        layer(x).sum().backward()
-    here = threading.get_ident()
-    assert any(thread != here for thread, _, _ in calls), "no cast ran in the device thread"
-    assert all(mode == "torch" and not took for _, mode, took in calls)
+        y = layer(x)
+        here = threading.get_ident()
+        assert calls and all(thread == here for thread, _, _ in calls), "no forward cast"
+        forward = len(calls)
+        y.sum().backward()
+    backward = calls[forward:]
+    assert backward, "no cast was recorded in the backward"
+    assert all(thread != here for thread, _, _ in backward), "a backward cast ran in this thread"
+    assert all(mode == "torch" and not took for _, mode, took in calls), calls

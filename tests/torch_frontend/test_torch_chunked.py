@@ -1,0 +1,174 @@
+"""lowp_torch.quantize on the CPU, a slab at a time (issue 23 item 5): the bytes of the
+whole-tensor ops (the path CUDA and torch.compile take) at every slab size, for every
+scheme family, both roundings and every high-precision dtype, and those of the NumPy
+reference."""
+
+import numpy as np
+import pytest
+import torch
+
+import lowp
+import lowp_torch
+from lowp_torch import _quantize, _storage
+
+SCHEMES = [
+    lowp.TensorScaling(),
+    lowp.TensorScaling("float8_e5m2", pow2=True),
+    lowp.AxisScaling(axis=-1),
+    lowp.AxisScaling(axis=0),
+    lowp.AxisScaling("float6_e3m2fn", axis=1),
+    lowp.BlockScaling(block=(4, 8)),
+    lowp.BlockScaling("float4_e2m1fn", block=(3, 5)),  # partial edge tiles both ways
+    lowp.GroupScaling(block=8),
+    lowp.GroupScaling(block=4, axis=0),
+    lowp.MXScaling(block=8),
+    lowp.MXScaling("float8_e5m2", block=4, mode="ceil", axis=0),
+    lowp.MXScaling("float6_e2m3fn", block=8, mode="rceil"),
+    lowp.MXScaling("float4_e2m1fn", block=8),
+    lowp.NVFP4Scaling(block=8),
+    lowp.NVFP4Scaling(block=4, global_scale=False),
+]
+SHAPES = [(12, 16), (2, 12, 16), (4, 3, 16), (96,)]
+HP_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _admits(scheme, shape) -> bool:
+    try:
+        scheme.check_shape(shape)
+    except ValueError:
+        return False
+    return True
+
+
+def _input(shape, hp_dtype, seed) -> torch.Tensor:
+    """Normal values with a spread of scales, zeros, float32 subnormals and, per seed,
+    a NaN or an Inf in some group."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x *= np.float32(2.0) ** rng.integers(-20, 12, size=shape[:-1] + (1,)).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[rng.integers(0, flat.size, 5)] = 0
+    flat[rng.integers(0, flat.size, 3)] = np.float32(3e-39) * rng.choice([-1, 1], 3)
+    if seed % 3 == 1:
+        flat[rng.integers(0, flat.size)] = np.nan
+    if seed % 3 == 2:
+        flat[rng.integers(0, flat.size)] = -np.inf
+    return torch.from_numpy(x).to(hp_dtype)
+
+
+def _bytes(q) -> tuple:
+    """Everything stored, as bytes: codes, scale, global scale, and their shapes."""
+
+    def raw(t):
+        return (
+            None
+            if t is None
+            else (tuple(t.shape), _storage.as_bytes(t.reshape(-1)).numpy().tobytes())
+        )
+
+    def as_u8(t):
+        return t if t is None or t.element_size() != 1 else _storage.as_bytes(t)
+
+    global_scale = None if q.global_scale is None else q.global_scale.numpy().tobytes()
+    scale = q.scale if q.scale.dtype == torch.float32 else as_u8(q.scale)
+    return (
+        tuple(q.codes.shape),
+        as_u8(q.codes).contiguous().numpy().tobytes(),
+        tuple(scale.shape),
+        scale.contiguous().numpy().tobytes(),
+        global_scale,
+    )
+
+
+def _whole(monkeypatch, *args, **kwargs):
+    """quantize on the whole-tensor ops, as on CUDA or under torch.compile."""
+    with monkeypatch.context() as patch:
+        patch.setattr(_quantize, "_in_slabs", lambda t: False)
+        return lowp_torch.quantize(*args, **kwargs)
+
+
+def _reference(x: torch.Tensor, scheme, **kwargs):
+    import ml_dtypes
+
+    numpy_dtype = {torch.float32: np.float32, torch.float16: np.float16}
+    if x.dtype == torch.bfloat16:
+        array = x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    else:
+        array = x.numpy().astype(numpy_dtype[x.dtype])
+    if isinstance(kwargs.get("random_bits"), torch.Tensor):
+        kwargs["random_bits"] = kwargs["random_bits"].numpy().astype(np.uint32)
+    return lowp.quantize(array, scheme, **kwargs)
+
+
+def _reference_bytes(q: lowp.QTensor) -> tuple:
+    global_scale = None if q.global_scale is None else q.global_scale.tobytes()
+    return (q.codes.shape, q.codes.tobytes(), q.scale.shape, q.scale.tobytes(), global_scale)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.spec)
+@pytest.mark.parametrize("rounding", ["nearest", "seed", "bits"])
+def test_slabs_give_the_whole_tensors_bytes(scheme, rounding, monkeypatch):
+    """Every slab size (one row of groups, a few, all) gives the bytes of the whole-tensor
+    ops and of the reference; stochastic bits follow each element's global index."""
+    for seed, shape in enumerate(SHAPES):
+        if not _admits(scheme, shape):
+            continue
+        for hp_dtype in (torch.float32, HP_DTYPES[1 + seed % 2]):
+            x = _input(shape, hp_dtype, seed)
+            kwargs: dict = {}
+            if rounding == "seed":
+                kwargs = {"rounding": "stochastic", "seed": 7, "offset": 2**32 - 40}
+            elif rounding == "bits":
+                bits = np.random.default_rng(seed).integers(0, 2**32, shape, dtype=np.uint32)
+                kwargs = {
+                    "rounding": "stochastic",
+                    "random_bits": torch.from_numpy(bits if seed % 2 else bits.astype(np.int64)),
+                }
+            whole = _bytes(_whole(monkeypatch, x, scheme, **kwargs))
+            reference = _reference_bytes(_reference(x, scheme, **kwargs))
+            assert whole[1] == reference[1] and whole[3] == reference[3], (shape, hp_dtype)
+            for chunk_elements in (1, 40, 10**6):
+                got = _bytes(
+                    lowp_torch.quantize(x, scheme, chunk_elements=chunk_elements, **kwargs)
+                )
+                assert got == whole, (shape, hp_dtype, chunk_elements)
+
+
+@pytest.mark.parametrize("scheme", [lowp.AxisScaling(axis=0), lowp.MXScaling(block=8)], ids=str)
+def test_a_strided_input_gives_the_bytes_of_its_copy(scheme):
+    """A transposed (non-contiguous) input is cut as it lies, its leading dims unmerged."""
+    x = _input((16, 2, 24), torch.float32, 4).permute(1, 0, 2)  # (2, 16, 24), strided
+    assert not x.is_contiguous()
+    for chunk_elements in (1, 50, 10**6):
+        got = lowp_torch.quantize(x, scheme, chunk_elements=chunk_elements)
+        assert _bytes(got) == _bytes(lowp_torch.quantize(x.contiguous(), scheme))
+
+
+def test_check_finite_names_the_first_non_finite_element_across_slabs():
+    x = torch.ones(8, 16)
+    x[5, 3], x[6, 0] = float("nan"), float("-inf")
+    for chunk_elements in (16, 10**6):
+        with pytest.raises(FloatingPointError, match=r"w: 2 non-finite.*index \(5, 3\)"):
+            lowp_torch.quantize(
+                x,
+                lowp.MXScaling(block=8),
+                check_finite=True,
+                name="w",
+                chunk_elements=chunk_elements,
+            )
+
+
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (2.5, TypeError), (True, TypeError)])
+def test_a_bad_chunk_size_is_refused_by_name(bad, error):
+    with pytest.raises(error, match="w: chunk_elements"):
+        lowp_torch.quantize(torch.ones(4, 32), lowp.MXScaling(), chunk_elements=bad, name="w")
+
+
+def test_the_input_is_not_modified():
+    """Slabs of a float32 input are views of it: nothing may be written through them."""
+    x = _input((12, 16), torch.float32, 1)
+    before = x.clone()
+    for scheme in SCHEMES:
+        if _admits(scheme, tuple(x.shape)):
+            lowp_torch.quantize(x, scheme, chunk_elements=16)
+    assert torch.equal(x.view(torch.int32), before.view(torch.int32))
