@@ -202,3 +202,55 @@ def test_tensorwise_expert_weights_are_refused():
     experts = lowp_torch.GroupedExperts(32, 64, 2)
     with pytest.raises(ValueError, match="one scale for every expert"):
         lowp_torch.quantize_experts_(experts, "float8_tensorwise")
+
+
+# The wgrad operands' Triton kernels (`_triton_grouped`) under the CPU interpreter, in a
+# subprocess: triton reads TRITON_INTERPRET when a kernel is defined.
+_INTERPRETED = """
+import json, ml_dtypes, numpy as np, torch, lowp, lowp_torch
+from lowp import extend
+from lowp_torch import _grouped_mm
+bad = []
+for sizes in {sizes}:
+    for dtype in (torch.float32, torch.bfloat16):
+        for scheme in (lowp.AxisScaling("float8_e4m3fn", -1), lowp.AxisScaling("float8_e5m2", -1, pow2=True),
+                       lowp.MXScaling("float8_e4m3fn", block=32), lowp.MXScaling("float8_e5m2", block=32, mode="ceil")):
+            g = torch.Generator().manual_seed(len(sizes))
+            t = (torch.randn(sum(sizes), 70, generator=g) * 4).to(dtype)
+            if sum(sizes) > 10:
+                t[sum(sizes) - 3, 5] = float("nan")  # poisons the last expert's groups only
+            op = extend.GroupedOperand("x.T", "tokens", scheme)
+            offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32)
+            with lowp_torch.cast_kernels("triton"):
+                codes, scale = _grouped_mm.quantize_operand(t, op, _grouped_mm.group_sizes(offs, sum(sizes)), offs=offs)
+            hp = t.float().numpy().astype(ml_dtypes.bfloat16 if dtype == torch.bfloat16 else np.float32)
+            ref = extend.quantize_grouped(hp, scheme, sizes, "tokens")
+            got_scale = scale.contiguous().view(torch.uint8).numpy() if scale.dtype != torch.float32 else scale.contiguous().numpy().view(np.uint8)
+            if not (np.array_equal(codes.contiguous().view(torch.uint8).numpy(), ref.codes)
+                    and np.array_equal(got_scale, np.ascontiguousarray(ref.scale).view(np.uint8))):
+                bad.append([sizes, str(dtype), scheme.spec])
+print(json.dumps(bad))
+"""
+
+
+@pytest.mark.slow
+def test_wgrad_operand_kernels_are_the_reference_bytes_interpreted():
+    """Empty experts, one token, all in one expert, groups not a multiple of the block
+    (or of the kernels' 64-token tiles), NaN in one expert: the bytes of the reference."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    code = _INTERPRETED.format(sizes=[SIZES[k] for k in sorted(SIZES)] + [[0, 0, 0], [130]])
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
+    run = subprocess.run(
+        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == []
