@@ -222,7 +222,7 @@ def _pad_last(t: torch.Tensor, multiple: int = 4) -> torch.Tensor:
 def _grouped_f32(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """float32 grouped GEMM of token-major a (T, R) by per-expert b (E, C, R):
     out[t] = a[t] @ b[e(t)].T, (T, C)."""
-    if torch.compiler.is_compiling():  # the meta kernel of _grouped_mm takes bf16 only
+    if _storage.traced(a):  # a compiled graph: no float32 _grouped_mm in it (_masked_f32)
         return _masked_f32(a, b, offs)
     c = b.shape[1]
     bt = _pad_last(_pad_last(b).transpose(-2, -1))  # (E, R, C), both padded
@@ -231,7 +231,7 @@ def _grouped_f32(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.
 
 def _grouped_wgrad_f32(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """float32 dw[e] = g[e].T @ x[e] for token-major g (T, N), x (T, K): (E, N, K)."""
-    if torch.compiler.is_compiling():
+    if _storage.traced(g):
         return _masked_wgrad_f32(g, x, offs)
     n, k = g.shape[1], x.shape[1]
     return torch._grouped_mm(_pad_last(g).t(), _pad_last(x), offs=offs)[:, :n, :k]
@@ -246,7 +246,14 @@ def _masks(offs: torch.Tensor, tokens: int, device) -> list[torch.Tensor]:
 
 def _masked_f32(a, b, offs):
     """`_grouped_f32` as E dense GEMMs whose other experts' rows are selected away (not
-    multiplied by 0: a NaN there must not leak), for torch.compile."""
+    multiplied by 0: a NaN there must not leak), for torch.compile.
+
+    Compiled graphs never get the float32 `torch._grouped_mm` of the eager path: its
+    meta kernel took bf16 only on older torch, and on torch 2.11 Inductor's fallback
+    for it (CPU, padded and transposed float32 operands) gave a wrong dgrad wholesale
+    (tests/torch_frontend/test_grouped_mm.py::test_compiled_equals_eager). The
+    backward is traced by AOTAutograd, where `torch.compiler.is_compiling()` is False,
+    so the test is `_storage.traced` (fake tensors), not Dynamo's flag alone."""
     out = a.new_zeros(a.shape[0], b.shape[1])
     for e, mask in enumerate(_masks(offs, a.shape[0], a.device)):
         out = torch.where(mask, a @ b[e].t(), out)
@@ -263,6 +270,20 @@ def _scaled_grouped_problem(gemm, kernel: str, device, dims, aligned, out_dtype)
     every expert's tokens are a multiple of 16 (None under torch.compile: unknown)."""
     if kernel == "emulated":
         return "kernel='emulated'"
+    problem = _gemm_kernel_problem(gemm, device)
+    if problem is not None:
+        return problem
+    if any(d % 16 for d in dims):
+        return f"feature dims {dims} are not multiples of 16"
+    if out_dtype != torch.bfloat16:
+        return f"its output is {out_dtype}; the fp8 grouped GEMM writes bfloat16"
+    if aligned is False:  # None under torch.compile: no host read there
+        return "an expert's token count is not a multiple of 16"
+    return None
+
+
+def _gemm_kernel_problem(gemm, device) -> str | None:
+    """Why `torch._scaled_grouped_mm` cannot run `gemm` on `device` whatever the shapes."""
     if device.type != "cuda":
         return f"{device.type} has no fp8 grouped GEMM"
     if not hasattr(torch, "_scaled_grouped_mm"):
@@ -273,12 +294,22 @@ def _scaled_grouped_problem(gemm, kernel: str, device, dims, aligned, out_dtype)
     for op in (gemm.a, gemm.b):
         if op.scheme != lowp.AxisScaling("float8_e4m3fn", -1, op.scheme.pow2):
             return f"{op.tensor} is {op.scheme}, not float8_e4m3fn rowwise"
-    if any(d % 16 for d in dims):
-        return f"feature dims {dims} are not multiples of 16"
-    if out_dtype != torch.bfloat16:
-        return f"its output is {out_dtype}; the fp8 grouped GEMM writes bfloat16"
-    if aligned is False:  # None under torch.compile: no host read there
-        return "an expert's token count is not a multiple of 16"
+    return None
+
+
+def kernel_problem(recipe, device) -> str | None:
+    """Why some grouped GEMM of `recipe` is emulated on `device` (dequantized operands in
+    float32) rather than run on an fp8 grouped kernel, shapes aside; None when all three
+    run on `torch._scaled_grouped_mm`. For benchmarks choosing what is worth timing."""
+    plan = extend.GroupedPlan.of(lowp.Recipe.of(recipe))
+    device = torch.device(device)
+    for name in ("forward", "dgrad", "wgrad"):
+        gemm = getattr(plan, name)
+        if gemm is None:
+            return f"its {name} GEMM is in high precision (float32, emulated)"
+        problem = _gemm_kernel_problem(gemm, device)
+        if problem is not None:
+            return f"its {name} GEMM: {problem}"
     return None
 
 

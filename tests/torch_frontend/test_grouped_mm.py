@@ -10,7 +10,7 @@ import torch
 import lowp
 import lowp_torch
 from lowp import extend
-from lowp_torch import _grouped_mm
+from lowp_torch import _grouped_mm, _storage
 
 RECIPES = ("float8_rowwise", "float8_tensorwise", "mxfp8", "float8_rowwise_gw_hp", "mxfp8_gw_hp")
 # empty experts, one token, all tokens in one expert, sizes off multiples of 16/32/128
@@ -209,7 +209,7 @@ def test_tensorwise_expert_weights_are_refused():
 _INTERPRETED = """
 import json, ml_dtypes, numpy as np, torch, lowp, lowp_torch
 from lowp import extend
-from lowp_torch import _grouped_mm
+from lowp_torch import _grouped_mm, _storage
 bad = []
 for sizes in {sizes}:
     for dtype in (torch.float32, torch.bfloat16):
@@ -254,3 +254,26 @@ def test_wgrad_operand_kernels_are_the_reference_bytes_interpreted():
     )
     assert run.returncode == 0, run.stderr[-4000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.parametrize("recipe", ["float8_rowwise", "float8_rowwise_gw_hp"])
+def test_compiled_graphs_have_no_float32_grouped_mm(recipe, monkeypatch):
+    """No compiled graph calls the float32 `torch._grouped_mm`. Where AOTAutograd traces
+    the backward (torch 2.11: fake tensors, `torch.compiler.is_compiling()` False) the
+    backward took it, and Inductor's result was wrong wholesale (the dgrad of
+    test_compiled_equals_eager on the H200 machine). On torch 2.13 the backward of
+    this autograd.Function runs eagerly, so here the test passes either way."""
+    sizes = [0, 20, 12, 32]
+    x, w, dy = (t.float() for t in _inputs(sizes))
+    offs = _offs(sizes)
+    eager_grouped_mm = torch._grouped_mm
+
+    def refuse_traced(*args, **kwargs):
+        assert not any(_storage.traced(a) for a in args), "_grouped_mm traced"
+        return eager_grouped_mm(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_grouped_mm", refuse_traced)
+    torch._dynamo.reset()
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    torch.compile(lowp_torch.grouped_mm, backend="aot_eager")(xr, wr, offs, recipe).backward(dy)
+    assert xr.grad is not None and wr.grad is not None
