@@ -183,6 +183,7 @@ def _tokens_on_triton(t: torch.Tensor, scheme, offs: torch.Tensor):
         from lowp_torch import _triton_grouped  # imports triton: only when it runs
 
         codes, scale = _triton_grouped.launch_tokens(x, offs, scheme)
+    codes = _storage.as_stored(codes, _storage.CODE_DTYPES[scheme.fmt])
     if isinstance(scheme, lowp.MXScaling):
         return codes, _storage.as_stored(scale, torch.float8_e8m0fnu)
     return codes, scale.t()
@@ -326,7 +327,8 @@ def _product(gemm, a, b, sizes, offs, aligned, out_dtype, kernel: str, name: str
     av = dequantize_operand(ac, as_, gemm.a, sizes)
     bv = dequantize_operand(bc, bs, gemm.b, sizes)
     if gemm.name == "wgrad":
-        return _grouped_wgrad_f32(av.t(), bv.t(), offs).to(out_dtype)
+        # token-major for _grouped_mm (the Triton casts write the codes (C, T))
+        return _grouped_wgrad_f32(av.t().contiguous(), bv.t().contiguous(), offs).to(out_dtype)
     return _grouped_f32(av, bv, offs).to(out_dtype)
 
 

@@ -229,6 +229,20 @@ for sizes in {sizes}:
             if not (np.array_equal(codes.contiguous().view(torch.uint8).numpy(), ref.codes)
                     and np.array_equal(got_scale, np.ascontiguousarray(ref.scale).view(np.uint8))):
                 bad.append([sizes, str(dtype), scheme.spec])
+# the codes reach the GEMMs as codes: the whole layer's gradients equal the torch path's
+sizes = [0, 20, 12, 33]
+g = torch.Generator().manual_seed(1)
+x, w = torch.randn(65, 64, generator=g), torch.randn(4, 32, 64, generator=g) * 0.1
+dy, offs = torch.randn(65, 32, generator=g), torch.tensor(np.cumsum(sizes), dtype=torch.int32)
+for recipe in ("float8_rowwise", "mxfp8"):
+    grads = []
+    for mode in ("torch", "triton"):
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        with lowp_torch.cast_kernels(mode):
+            lowp_torch.grouped_mm(xr, wr, offs, recipe).backward(dy)
+        grads.append((xr.grad, wr.grad))
+    if not all(torch.equal(a, b) for a, b in zip(*grads)):
+        bad.append(["grouped_mm", recipe])
 print(json.dumps(bad))
 """
 
@@ -277,3 +291,27 @@ def test_compiled_graphs_have_no_float32_grouped_mm(recipe, monkeypatch):
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
     torch.compile(lowp_torch.grouped_mm, backend="aot_eager")(xr, wr, offs, recipe).backward(dy)
     assert xr.grad is not None and wr.grad is not None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernels run on CUDA")
+@pytest.mark.parametrize("sizes", [[0, 5, 40, 1, 18, 0, 33], [2048] * 8, [0, 4000, 96, 0]])
+@pytest.mark.parametrize("recipe", ["float8_rowwise", "mxfp8"])
+def test_wgrad_operand_kernels_on_cuda_are_the_reference_bytes(recipe, sizes):
+    """`_triton_grouped` on the GPU (native fp8 conversion on sm_90+) against the
+    NumPy reference, at sizes that span many of its tiles."""
+    g = torch.Generator().manual_seed(3)
+    t = (torch.randn(sum(sizes), 320, generator=g) * 5).to(torch.bfloat16)
+    t[sum(sizes) // 2, 7] = float("nan")
+    offs = _offs(sizes)
+    op = extend.GroupedPlan.of(lowp.Recipe.from_name(recipe)).wgrad.b
+    with lowp_torch.cast_kernels("triton"):
+        codes, scale = _grouped_mm.quantize_operand(
+            t.cuda(), op, _grouped_mm.group_sizes(offs.cuda(), sum(sizes)), offs=offs.cuda()
+        )
+    ref = extend.quantize_grouped(
+        t.float().numpy().astype(ml_dtypes.bfloat16), op.scheme, sizes, "tokens"
+    )
+    np.testing.assert_array_equal(_bytes(codes.cpu()), ref.codes)
+    np.testing.assert_array_equal(
+        _bytes(scale.cpu()), np.ascontiguousarray(ref.scale).view(np.uint8)
+    )
