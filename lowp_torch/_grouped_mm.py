@@ -45,7 +45,7 @@ def _routing(offs: torch.Tensor, tokens: int) -> tuple[torch.Tensor, bool | None
     if not isinstance(offs, torch.Tensor) or offs.dim() != 1 or offs.dtype != torch.int32:
         raise ValueError(f"offs must be a 1-D int32 tensor of end offsets, got {offs!r:.80}")
     sizes = torch.diff(offs.to(torch.int64), prepend=offs.new_zeros(1, dtype=torch.int64))
-    if torch.compiler.is_compiling():
+    if _storage.traced(offs):
         return sizes, None
     host = extend.group_sizes_from_offs(offs.cpu().numpy(), tokens)
     return sizes, not bool((host % 16).any())
