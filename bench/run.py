@@ -448,7 +448,11 @@ def moe(ctx: Context, sec: _record.Section) -> None:
     torchao_why = moe_bench.torchao_problem(ctx.device)
     if torchao_why:
         sec.note(f"no torchao rows: {torchao_why}")
-    variants = [("bf16", None)] + [("lowp", r) for r in ctx.float8_recipes()]
+    named = ctx.args.recipes != ",".join(lowp.Recipe.names())
+    recipes, skipped = moe_bench.recipes_to_time(ctx.float8_recipes(), ctx.device, named)
+    for recipe, why in skipped:
+        sec.note(f"no lowp {recipe} rows (name it with --recipes to time it): {why}")
+    variants = [("bf16", None)] + [("lowp", r) for r in recipes]
     variants += [] if torchao_why else [("torchao", "float8_rowwise")]
     for shape in ctx.sizes.moe:
         for routing in moe_bench.ROUTINGS:
@@ -481,7 +485,7 @@ def moe(ctx: Context, sec: _record.Section) -> None:
             sec.item(
                 f"moe jax {shape.key} {routing}",
                 lambda shape=shape, routing=routing: moe_bench.jax_measure(
-                    shape, routing, ctx.float8_recipes(), ctx.sizes.timing
+                    shape, routing, ctx.float8_recipes() if named else [], ctx.sizes.timing
                 ),
             )
 

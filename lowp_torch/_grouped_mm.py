@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 import lowp
 from lowp import extend
-from lowp_torch import _gemm, _log, _qtensor, _quantize
+from lowp_torch import _cast_kernels, _cast_ops, _gemm, _log, _qtensor, _quantize, _storage
 
 KERNELS = ("auto", "scaled_grouped_mm", "emulated")
 
@@ -34,11 +34,21 @@ KERNELS = ("auto", "scaled_grouped_mm", "emulated")
 def group_sizes(offs: torch.Tensor, tokens: int) -> torch.Tensor:
     """int64 sizes (E,) from int32 end offsets; in eager mode, ValueError naming offs
     unless they are non-decreasing and end at `tokens` (`extend.group_sizes_from_offs`)."""
+    return _routing(offs, tokens)[0]
+
+
+def _routing(offs: torch.Tensor, tokens: int) -> tuple[torch.Tensor, bool | None]:
+    """(int64 sizes (E,) on offs' device, whether every expert's tokens are a multiple
+    of 16), with the checks of `group_sizes`. The one host read of a call: eager mode
+    copies offs to the host once for both; under torch.compile there is none, and the
+    alignment is None (unknown)."""
     if not isinstance(offs, torch.Tensor) or offs.dim() != 1 or offs.dtype != torch.int32:
         raise ValueError(f"offs must be a 1-D int32 tensor of end offsets, got {offs!r:.80}")
-    if not torch.compiler.is_compiling():  # a host read: eager only
-        extend.group_sizes_from_offs(offs.cpu().numpy(), tokens)
-    return torch.diff(offs.to(torch.int64), prepend=offs.new_zeros(1, dtype=torch.int64))
+    sizes = torch.diff(offs.to(torch.int64), prepend=offs.new_zeros(1, dtype=torch.int64))
+    if _storage.traced(offs):
+        return sizes, None
+    host = extend.group_sizes_from_offs(offs.cpu().numpy(), tokens)
+    return sizes, not bool((host % 16).any())
 
 
 def _segments(sizes: torch.Tensor, tokens: int, block: int | None) -> torch.Tensor:
@@ -75,12 +85,19 @@ def _segment_quantize(t, seg, segments: int, scheme, whole_rows: bool, name: str
     return codes, scale
 
 
-def quantize_operand(t: torch.Tensor, op, sizes: torch.Tensor, name: str = "input"):
+def quantize_operand(t: torch.Tensor, op, sizes: torch.Tensor, name: str = "input", offs=None):
     """(codes, scale) of a grouped operand, as the GEMM reads it: the bytes of
     `extend.quantize_grouped(t, op.scheme, sizes, op.kind)` (spec §10).
 
     t: (T, C) token-major for "rows" and "tokens" (whose operand is t.T), (E, R, C) for
-    "experts". Codes come back in the operand's shape (a transposed view for tokens).
+    "experts". Codes come back in the operand's shape (a transposed view for tokens on
+    torch ops, contiguous from the Triton kernels). offs: the int32 end offsets
+    `sizes` came from, if the caller has them (the Triton kernels read them).
+
+    Rows and experts go through `lowp_torch.quantize` (the dense fused Triton casts on
+    CUDA: a row's scale does not depend on the groups); tokens through
+    `_triton_grouped` where `_tokens_problem` finds nothing against it, else the
+    segment-max pairs below.
     """
     scheme, kind = op.scheme, op.kind
     tensorwise = isinstance(scheme, lowp.TensorScaling)
@@ -95,6 +112,8 @@ def quantize_operand(t: torch.Tensor, op, sizes: torch.Tensor, name: str = "inpu
     if kind == "rows" and not tensorwise:
         q = _quantize.quantize(t, scheme, name=name)
         return q.codes, q.scale
+    if kind == "tokens" and _tokens_problem(t, scheme, name) is None:
+        return _tokens_on_triton(t, scheme, offs if offs is not None else _offs(sizes))
     block = scheme.block if scheme.family == "mx" else None
     seg = _segments(sizes, tokens, block)
     segments = experts if block is None else extend.token_capacity(tokens, experts, block)
@@ -130,6 +149,67 @@ def dequantize_operand(codes, scale, op, sizes: torch.Tensor) -> torch.Tensor:
     return values * s[:, expert]
 
 
+def _offs(sizes: torch.Tensor) -> torch.Tensor:
+    return torch.cumsum(sizes, 0).to(torch.int32)
+
+
+def _tokens_problem(t: torch.Tensor, scheme, name: str) -> str | None:
+    """Why `_triton_grouped` cannot quantize operand t along its tokens, or None; under
+    cast_kernels("triton") a reason is a ValueError (as for the dense casts)."""
+    mode = _cast_kernels.current_mode()
+    if mode == "torch":
+        return "cast_kernels('torch')"
+    problem = _cast_kernels.scheme_problem(scheme)
+    if isinstance(scheme, lowp.TensorScaling):
+        problem = "tensorwise scales per expert run on torch ops"
+    elif t.dtype not in _storage.HP_DTYPES:
+        problem = f"the input is {t.dtype}, not float32/bfloat16/float16"
+    elif not _cast_kernels._TRITON_INSTALLED:
+        problem = "triton is not installed"
+    elif not t.is_cuda and not (mode == "triton" and _cast_kernels._interpreting()):
+        problem = f"the input is on {t.device}, not CUDA"
+    if problem is not None and mode == "triton":
+        raise ValueError(f"{name}: cast_kernels('triton') cannot run: {problem}")
+    return problem
+
+
+def _tokens_on_triton(t: torch.Tensor, scheme, offs: torch.Tensor):
+    """(codes (C, T), scales (C, E) float or (C, capacity) e8m0) of t along each
+    expert's tokens, by `_triton_grouped` (through a custom op under torch.compile)."""
+    x = t.detach().contiguous()
+    if _storage.traced(x):
+        codes, scale = torch.ops.lowp.triton_grouped_tokens(x, offs, _cast_ops.scheme_key(scheme))
+    else:
+        from lowp_torch import _triton_grouped  # imports triton: only when it runs
+
+        codes, scale = _triton_grouped.launch_tokens(x, offs, scheme)
+    codes = _storage.as_stored(codes, _storage.CODE_DTYPES[scheme.fmt])
+    if isinstance(scheme, lowp.MXScaling):
+        return codes, _storage.as_stored(scale, torch.float8_e8m0fnu)
+    return codes, scale.t()
+
+
+@torch.library.custom_op("lowp::triton_grouped_tokens", mutates_args=())
+def _tokens_op(
+    x: torch.Tensor, offs: torch.Tensor, scheme: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_triton_grouped.launch_tokens` as an op a compiled graph calls."""
+    from lowp_torch import _triton_grouped  # imports triton
+
+    return _triton_grouped.launch_tokens(x.contiguous(), offs, _cast_ops.scheme_of_key(scheme))
+
+
+@_tokens_op.register_fake
+def _(x, offs, scheme):
+    s = _cast_ops.scheme_of_key(scheme)
+    tokens, cols = x.shape
+    codes = x.new_empty((cols, tokens), dtype=torch.uint8)
+    if isinstance(s, lowp.MXScaling):
+        capacity = extend.token_capacity(tokens, offs.shape[0], s.block)
+        return codes, x.new_empty((cols, capacity), dtype=torch.uint8)
+    return codes, x.new_empty((offs.shape[0], cols), dtype=torch.float32)
+
+
 # --- the GEMMs ---
 
 
@@ -143,7 +223,7 @@ def _pad_last(t: torch.Tensor, multiple: int = 4) -> torch.Tensor:
 def _grouped_f32(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """float32 grouped GEMM of token-major a (T, R) by per-expert b (E, C, R):
     out[t] = a[t] @ b[e(t)].T, (T, C)."""
-    if torch.compiler.is_compiling():  # the meta kernel of _grouped_mm takes bf16 only
+    if _storage.traced(a):  # a compiled graph: no float32 _grouped_mm in it (_masked_f32)
         return _masked_f32(a, b, offs)
     c = b.shape[1]
     bt = _pad_last(_pad_last(b).transpose(-2, -1))  # (E, R, C), both padded
@@ -152,7 +232,7 @@ def _grouped_f32(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.
 
 def _grouped_wgrad_f32(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """float32 dw[e] = g[e].T @ x[e] for token-major g (T, N), x (T, K): (E, N, K)."""
-    if torch.compiler.is_compiling():
+    if _storage.traced(g):
         return _masked_wgrad_f32(g, x, offs)
     n, k = g.shape[1], x.shape[1]
     return torch._grouped_mm(_pad_last(g).t(), _pad_last(x), offs=offs)[:, :n, :k]
@@ -167,7 +247,14 @@ def _masks(offs: torch.Tensor, tokens: int, device) -> list[torch.Tensor]:
 
 def _masked_f32(a, b, offs):
     """`_grouped_f32` as E dense GEMMs whose other experts' rows are selected away (not
-    multiplied by 0: a NaN there must not leak), for torch.compile."""
+    multiplied by 0: a NaN there must not leak), for torch.compile.
+
+    Compiled graphs never get the float32 `torch._grouped_mm` of the eager path: its
+    meta kernel took bf16 only on older torch, and on torch 2.11 Inductor's fallback
+    for it (CPU, padded and transposed float32 operands) gave a wrong dgrad wholesale
+    (tests/torch_frontend/test_grouped_mm.py::test_compiled_equals_eager). The
+    backward is traced by AOTAutograd, where `torch.compiler.is_compiling()` is False,
+    so the test is `_storage.traced` (fake tensors), not Dynamo's flag alone."""
     out = a.new_zeros(a.shape[0], b.shape[1])
     for e, mask in enumerate(_masks(offs, a.shape[0], a.device)):
         out = torch.where(mask, a @ b[e].t(), out)
@@ -179,10 +266,25 @@ def _masked_wgrad_f32(g, x, offs):
     return torch.stack([torch.where(m, g, 0).t() @ torch.where(m, x, 0) for m in masks])
 
 
-def _scaled_grouped_problem(gemm, kernel: str, device, dims, sizes, out_dtype) -> str | None:
-    """None if `torch._scaled_grouped_mm` runs this GEMM, else why not."""
+def _scaled_grouped_problem(gemm, kernel: str, device, dims, aligned, out_dtype) -> str | None:
+    """None if `torch._scaled_grouped_mm` runs this GEMM, else why not. aligned: whether
+    every expert's tokens are a multiple of 16 (None under torch.compile: unknown)."""
     if kernel == "emulated":
         return "kernel='emulated'"
+    problem = _gemm_kernel_problem(gemm, device)
+    if problem is not None:
+        return problem
+    if any(d % 16 for d in dims):
+        return f"feature dims {dims} are not multiples of 16"
+    if out_dtype != torch.bfloat16:
+        return f"its output is {out_dtype}; the fp8 grouped GEMM writes bfloat16"
+    if aligned is False:  # None under torch.compile: no host read there
+        return "an expert's token count is not a multiple of 16"
+    return None
+
+
+def _gemm_kernel_problem(gemm, device) -> str | None:
+    """Why `torch._scaled_grouped_mm` cannot run `gemm` on `device` whatever the shapes."""
     if device.type != "cuda":
         return f"{device.type} has no fp8 grouped GEMM"
     if not hasattr(torch, "_scaled_grouped_mm"):
@@ -193,22 +295,30 @@ def _scaled_grouped_problem(gemm, kernel: str, device, dims, sizes, out_dtype) -
     for op in (gemm.a, gemm.b):
         if op.scheme != lowp.AxisScaling("float8_e4m3fn", -1, op.scheme.pow2):
             return f"{op.tensor} is {op.scheme}, not float8_e4m3fn rowwise"
-    if any(d % 16 for d in dims):
-        return f"feature dims {dims} are not multiples of 16"
-    if out_dtype != torch.bfloat16:
-        return f"its output is {out_dtype}; the fp8 grouped GEMM writes bfloat16"
-    if torch.compiler.is_compiling():
-        return None  # the sizes were checked in eager mode; no host read here
-    if bool((sizes % 16 != 0).any()):
-        return "an expert's token count is not a multiple of 16"
     return None
 
 
-def _product(gemm, a, b, sizes, offs, out_dtype, kernel: str, name: str) -> torch.Tensor:
+def kernel_problem(recipe, device) -> str | None:
+    """Why some grouped GEMM of `recipe` is emulated on `device` (dequantized operands in
+    float32) rather than run on an fp8 grouped kernel, shapes aside; None when all three
+    run on `torch._scaled_grouped_mm`. For benchmarks choosing what is worth timing."""
+    plan = extend.GroupedPlan.of(lowp.Recipe.of(recipe))
+    device = torch.device(device)
+    for name in ("forward", "dgrad", "wgrad"):
+        gemm = getattr(plan, name)
+        if gemm is None:
+            return f"its {name} GEMM is in high precision (float32, emulated)"
+        problem = _gemm_kernel_problem(gemm, device)
+        if problem is not None:
+            return f"its {name} GEMM: {problem}"
+    return None
+
+
+def _product(gemm, a, b, sizes, offs, aligned, out_dtype, kernel: str, name: str):
     """One quantized grouped GEMM of the plan, on torch._scaled_grouped_mm or emulated."""
     (ac, as_), (bc, bs) = a, b
     dims = (ac.shape[-1], bc.shape[-2]) if gemm.name != "wgrad" else (ac.shape[0], bc.shape[0])
-    problem = _scaled_grouped_problem(gemm, kernel, ac.device, dims, sizes, out_dtype)
+    problem = _scaled_grouped_problem(gemm, kernel, ac.device, dims, aligned, out_dtype)
     if problem is None:
         return _scaled_grouped(gemm, a, b, offs, out_dtype)
     if kernel == "scaled_grouped_mm":
@@ -217,7 +327,8 @@ def _product(gemm, a, b, sizes, offs, out_dtype, kernel: str, name: str) -> torc
     av = dequantize_operand(ac, as_, gemm.a, sizes)
     bv = dequantize_operand(bc, bs, gemm.b, sizes)
     if gemm.name == "wgrad":
-        return _grouped_wgrad_f32(av.t(), bv.t(), offs).to(out_dtype)
+        # token-major for _grouped_mm (the Triton casts write the codes (C, T))
+        return _grouped_wgrad_f32(av.t().contiguous(), bv.t().contiguous(), offs).to(out_dtype)
     return _grouped_f32(av, bv, offs).to(out_dtype)
 
 
@@ -251,36 +362,36 @@ def _scaled_grouped(gemm, a, b, offs, out_dtype) -> torch.Tensor:
 class _GroupedMMFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, offs, plan, kernel, name):
-        sizes = group_sizes(offs, x.shape[0])
+        sizes, aligned = _routing(offs, x.shape[0])
         fwd = plan.forward
-        a = quantize_operand(x, fwd.a, sizes, f"{name} forward: x")
-        b = quantize_operand(w, fwd.b, sizes, f"{name} forward: w")
-        y = _product(fwd, a, b, sizes, offs, x.dtype, kernel, name)
+        a = quantize_operand(x, fwd.a, sizes, f"{name} forward: x", offs)
+        b = quantize_operand(w, fwd.b, sizes, f"{name} forward: w", offs)
+        y = _product(fwd, a, b, sizes, offs, aligned, x.dtype, kernel, name)
         ctx.save_for_backward(x, w, offs, sizes)
-        ctx.plan, ctx.kernel, ctx.name = plan, kernel, name
+        ctx.plan, ctx.kernel, ctx.name, ctx.aligned = plan, kernel, name, aligned
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, w, offs, sizes = ctx.saved_tensors
-        plan, kernel, name = ctx.plan, ctx.kernel, ctx.name
+        plan, kernel, name, aligned = ctx.plan, ctx.kernel, ctx.name, ctx.aligned
         dy = dy.contiguous()
         dx = dw = None
         if ctx.needs_input_grad[0]:
             if plan.dgrad is None:
                 dx = _grouped_f32(dy.float(), w.float().transpose(-2, -1), offs).to(x.dtype)
             else:
-                a = quantize_operand(dy, plan.dgrad.a, sizes, f"{name} dgrad: dy")
+                a = quantize_operand(dy, plan.dgrad.a, sizes, f"{name} dgrad: dy", offs)
                 wt = w.transpose(-2, -1).contiguous()
-                b = quantize_operand(wt, plan.dgrad.b, sizes, f"{name} dgrad: w.T")
-                dx = _product(plan.dgrad, a, b, sizes, offs, x.dtype, kernel, name)
+                b = quantize_operand(wt, plan.dgrad.b, sizes, f"{name} dgrad: w.T", offs)
+                dx = _product(plan.dgrad, a, b, sizes, offs, aligned, x.dtype, kernel, name)
         if ctx.needs_input_grad[1]:
             if plan.wgrad is None:
                 dw = _grouped_wgrad_f32(dy.float(), x.float(), offs).to(w.dtype)
             else:
-                a = quantize_operand(dy, plan.wgrad.a, sizes, f"{name} wgrad: dy.T")
-                b = quantize_operand(x, plan.wgrad.b, sizes, f"{name} wgrad: x.T")
-                dw = _product(plan.wgrad, a, b, sizes, offs, w.dtype, kernel, name)
+                a = quantize_operand(dy, plan.wgrad.a, sizes, f"{name} wgrad: dy.T", offs)
+                b = quantize_operand(x, plan.wgrad.b, sizes, f"{name} wgrad: x.T", offs)
+                dw = _product(plan.wgrad, a, b, sizes, offs, aligned, w.dtype, kernel, name)
         return dx, dw, None, None, None, None
 
 
@@ -351,7 +462,10 @@ def grouped_operands(x, w, g, offs, recipe) -> dict:
         out[name] = (
             None
             if gemm is None
-            else tuple(quantize_operand(tensors[op.tensor], op, sizes) for op in (gemm.a, gemm.b))
+            else tuple(
+                quantize_operand(tensors[op.tensor], op, sizes, offs=offs)
+                for op in (gemm.a, gemm.b)
+            )
         )
     return out
 
@@ -371,7 +485,7 @@ def quantized_grouped_mm(x, wq, offs, activation=None, *, name: str = "grouped_m
         )
     extend.check_grouped_scheme(w_scheme, "experts")
     _check(x, wq, offs, name)
-    sizes = group_sizes(offs, x.shape[0])
+    sizes, aligned = _routing(offs, x.shape[0])
     w_op = extend.GroupedOperand("w", "experts", w_scheme)
     b = (wq.codes, wq.scale)
     with torch.no_grad():
@@ -382,4 +496,4 @@ def quantized_grouped_mm(x, wq, offs, activation=None, *, name: str = "grouped_m
         extend.check_grouped_scheme(activation, "rows")
         gemm = extend.GroupedGemm("forward", x_op, w_op, fast_accum=True)
         a = quantize_operand(x, x_op, sizes, f"{name}: x")
-        return _product(gemm, a, b, sizes, offs, x.dtype, "auto", name)
+        return _product(gemm, a, b, sizes, offs, aligned, x.dtype, "auto", name)

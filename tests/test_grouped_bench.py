@@ -76,3 +76,25 @@ def test_the_section_runs_on_cpu(tmp_path):
     assert {("bf16", "eager"), ("lowp", "compiled"), ("jax_lowp", "jit")} <= impls
     speedups = json.loads(json.dumps(result["summary"]))["moe_fwd_bwd_speedup_vs_bf16"]
     assert set(speedups) == {"float8_rowwise", "jax_lowp float8_rowwise"}
+
+
+def test_emulated_recipes_are_timed_only_when_named():
+    """Emulated grouped GEMMs took minutes of an H200 run (float8_tensorwise 369 ms a
+    step): by default the section times only recipes with an fp8 grouped kernel."""
+    import torch
+
+    recipes = ["float8_rowwise", "float8_tensorwise", "float8_rowwise_gw_hp"]
+    kept, skipped = moe.recipes_to_time(recipes, torch.device("cpu"), named=False)
+    assert kept == [] and [r for r, _ in skipped] == recipes
+    assert "cpu has no fp8 grouped GEMM" in skipped[0][1]
+    kept, skipped = moe.recipes_to_time(recipes, torch.device("cpu"), named=True)
+    assert kept == recipes and skipped == []
+
+
+def test_kernel_problem_names_the_high_precision_gemm(monkeypatch):
+    from lowp_torch import _grouped_mm
+
+    monkeypatch.setattr(_grouped_mm, "_gemm_kernel_problem", lambda gemm, device: None)
+    assert _grouped_mm.kernel_problem("float8_rowwise", "cpu") is None
+    why = _grouped_mm.kernel_problem("float8_rowwise_gw_hp", "cpu")
+    assert why == "its wgrad GEMM is in high precision (float32, emulated)"

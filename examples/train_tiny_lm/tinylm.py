@@ -14,6 +14,18 @@ per block (qkv, proj, fc1, fc2), bias-free, are what a recipe converts; the
 embeddings and the LM head stay bf16, as torchtitan's float8 training leaves a
 model's output layer by default (its logits feed the loss directly).
 
+With `--ffn moe` each block's MLP is a mixture of experts instead: a float32 router
+(a bias-free linear to `experts` logits, softmax, the `top_k` largest renormalised to
+sum to 1) sends each token to its top_k experts, SwiGLU feed-forwards of hidden width
+2 * d_model stacked as w1, w3 (E, 2d, d) and w2 (E, d, 2d); the tokens sorted by
+expert go through three grouped GEMMs (`lowp_torch.GroupedExperts` /
+`lowp_jax.nnx.GroupedExperts`), and the outputs are summed back weighted by their
+gates. A recipe run quantizes the grouped GEMMs with the recipe (`grouped_mm`,
+`ragged_dot`); the router stays float32. bf16 there: the tokens in bf16, on the CPU
+multiplied in float32 by the float32 expert weights in PyTorch (GroupedExperts'
+high-precision path) and by bf16 weights in JAX (`jax.lax.ragged_dot`); each recipe is
+compared with its own framework's bf16.
+
 "bf16", the baseline, means the same in both frameworks: float32 parameters, gradients
 and AdamW state; every matmul (the projections, the LM head, the two attention
 products) takes bf16 operands and returns bf16 (float32 accumulation inside); the
@@ -36,6 +48,7 @@ import numpy as np
 import lowp
 
 VOCAB = 256  # bytes
+FFNS = ("dense", "moe")
 # The ablation of NVFP4 training: the nvfp4 recipe without its random Hadamard transform
 # and stochastic rounding (every operand rounded to nearest, none transformed).
 ABLATIONS = {
@@ -70,6 +83,8 @@ class Config:
       eval_every: steps between held-out evaluations; eval_batches: how many batches
         (fixed windows of the held-out files) one evaluation averages.
       seed: of the initial weights and of the batch order.
+      ffn: "dense" (the GELU MLP) or "moe": `experts` SwiGLU experts of hidden width
+        2 * d_model, `top_k` of them per token (module docstring).
     """
 
     d_model: int
@@ -85,6 +100,9 @@ class Config:
     eval_every: int = 100
     eval_batches: int = 8
     seed: int = 0
+    ffn: str = "dense"
+    experts: int = 4
+    top_k: int = 2
 
     def __post_init__(self):
         # Every projection dim must take an MX block of 32 (and the fp8 GEMMs' 16).
@@ -96,6 +114,10 @@ class Config:
                 raise ValueError(
                     f"{name} must be a multiple of 32 for the mxfp8 recipes, got {value}"
                 )
+        if self.ffn not in FFNS:
+            raise ValueError(f"ffn must be one of {FFNS}, got {self.ffn!r}")
+        if self.ffn == "moe" and not 0 < self.top_k <= self.experts:
+            raise ValueError(f"need 0 < top_k <= experts, got {self.top_k}, {self.experts}")
         if self.d_model % self.heads:
             raise ValueError(f"heads={self.heads} must divide d_model={self.d_model}")
         if not 0 < self.warmup < self.steps:
@@ -213,9 +235,20 @@ def init_params(cfg: Config, seed: int) -> dict[str, np.ndarray]:
             p + "attn.proj.weight": normal((d, d), residual_std),
             p + "ln2.weight": np.ones(d, np.float32),
             p + "ln2.bias": np.zeros(d, np.float32),
-            p + "mlp.fc1.weight": normal((4 * d, d)),
-            p + "mlp.fc2.weight": normal((d, 4 * d), residual_std),
         }
+        if cfg.ffn == "moe":
+            e, h = cfg.experts, 2 * d
+            params |= {
+                p + "moe.router.weight": normal((e, d)),
+                p + "moe.experts.w1": normal((e, h, d)),
+                p + "moe.experts.w2": normal((e, d, h), residual_std),
+                p + "moe.experts.w3": normal((e, h, d)),
+            }
+        else:
+            params |= {
+                p + "mlp.fc1.weight": normal((4 * d, d)),
+                p + "mlp.fc2.weight": normal((d, 4 * d), residual_std),
+            }
     params |= {
         "ln_f.weight": np.ones(d, np.float32),
         "ln_f.bias": np.zeros(d, np.float32),
@@ -343,8 +376,14 @@ def cli(framework: str, make_trainer, description: str, argv=None, deterministic
     parser.add_argument(
         "--steps", type=int, help="override the size's step count (warmup: a tenth)"
     )
+    parser.add_argument("--ffn", default="dense", choices=FFNS, help="the blocks' MLP")
+    parser.add_argument("--experts", type=int, default=4, help="--ffn moe: experts a block")
+    parser.add_argument("--top-k", type=int, default=2, help="--ffn moe: experts a token")
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu", "cuda"))
     parser.add_argument("--json", help="write the losses here")
+    parser.add_argument(
+        "--resume-steps", type=int, default=10, help="steps of the resume check (0: none)"
+    )
     parser.add_argument(
         "--deterministic",
         action="store_true",
@@ -358,6 +397,7 @@ def cli(framework: str, make_trainer, description: str, argv=None, deterministic
     cfg = SIZES[args.size]
     if args.steps:
         cfg = dataclasses.replace(cfg, steps=args.steps, warmup=max(1, args.steps // 10))
+    cfg = dataclasses.replace(cfg, ffn=args.ffn, experts=args.experts, top_k=args.top_k)
     runs = args.runs.split(",")
     for run in runs:
         if run not in RUNS:
@@ -387,6 +427,7 @@ def cli(framework: str, make_trainer, description: str, argv=None, deterministic
                 run,
                 corpus,
                 checkpoints,
+                resume_steps=args.resume_steps,
                 log=lambda line: print(f"{framework:>5} {line}", flush=True),
             )
             seconds, exact = results[run]["seconds"], results[run]["resume_exact"]

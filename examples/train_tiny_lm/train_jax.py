@@ -19,6 +19,7 @@ import tinylm
 from flax import nnx
 
 import lowp_jax
+import lowp_jax.nnx
 
 BF16 = jnp.bfloat16
 
@@ -68,16 +69,45 @@ class MLP(nnx.Module):
         return self.fc2(jax.nn.gelu(self.fc1(x).astype(jnp.float32), approximate=False))
 
 
+class MoE(nnx.Module):
+    """Top-k routed SwiGLU experts (`tinylm` module docstring), as train_torch's."""
+
+    def __init__(self, cfg: tinylm.Config, run: str, rngs):
+        self.top_k, self.experts_n = cfg.top_k, cfg.experts
+        self.router = nnx.Linear(cfg.d_model, cfg.experts, use_bias=False, rngs=rngs)
+        recipe = None if run == "bf16" else tinylm.recipe_of(run)
+        self.experts = lowp_jax.nnx.GroupedExperts(
+            cfg.d_model, 2 * cfg.d_model, cfg.experts, recipe=recipe, rngs=rngs
+        )
+
+    def __call__(self, x):
+        b, t, d = x.shape
+        flat = x.reshape(-1, d).astype(jnp.float32)
+        probs = jax.nn.softmax(self.router(flat), axis=-1)
+        gates, expert = jax.lax.top_k(probs, self.top_k)
+        gates = gates / gates.sum(-1, keepdims=True)
+        order = jnp.argsort(expert.reshape(-1), stable=True)
+        token = order // self.top_k
+        counts = jnp.bincount(expert.reshape(-1), length=self.experts_n).astype(jnp.int32)
+        y = self.experts(flat[token].astype(BF16), counts)
+        weighted = y.astype(jnp.float32) * gates.reshape(-1)[order, None]
+        return jnp.zeros_like(flat).at[token].add(weighted).reshape(b, t, d)
+
+
 class Block(nnx.Module):
     def __init__(self, cfg: tinylm.Config, run: str, rngs):
         # torch's LayerNorm epsilon, not flax's 1e-6.
         self.ln1 = nnx.LayerNorm(cfg.d_model, epsilon=1e-5, rngs=rngs)
         self.ln2 = nnx.LayerNorm(cfg.d_model, epsilon=1e-5, rngs=rngs)
-        self.attn, self.mlp = Attention(cfg, run, rngs), MLP(cfg, run, rngs)
+        self.attn = Attention(cfg, run, rngs)
+        if cfg.ffn == "moe":
+            self.moe = MoE(cfg, run, rngs)
+        else:
+            self.mlp = MLP(cfg, run, rngs)
 
     def __call__(self, x):
         x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        return x + (self.moe if hasattr(self, "moe") else self.mlp)(self.ln2(x))
 
 
 class TinyLM(nnx.Module):
@@ -102,8 +132,8 @@ class TinyLM(nnx.Module):
 
 def _slot(pure: dict, name: str) -> tuple[dict, str, bool]:
     """Where torch parameter `name` lives in a flax pure-dict state: the dict holding it,
-    its key there, and whether it is transposed (flax kernels are (in, out), torch
-    Linear weights (out, in))."""
+    its key there, and whether its last two axes are swapped (flax kernels and
+    ragged_dot's stacked experts are (in, out), torch Linear weights (out, in))."""
     *parents, leaf = [int(p) if p.isdigit() else p for p in name.split(".")]
     for p in parents:
         pure = pure[p]
@@ -111,6 +141,8 @@ def _slot(pure: dict, name: str) -> tuple[dict, str, bool]:
         return pure, "embedding", False
     if parents[-1].startswith("ln"):
         return pure, "scale" if leaf == "weight" else "bias", False
+    if parents[-1] == "experts":  # stacked (E, out, in) -> ragged_dot's (E, in, out)
+        return pure, leaf, True
     return pure, "kernel", True
 
 
@@ -120,7 +152,7 @@ def load_params(model: nnx.Module, params: dict) -> None:
     pure = nnx.to_pure_dict(state)
     for name, value in params.items():
         node, leaf, transpose = _slot(pure, name)
-        value = value.T if transpose else value
+        value = np.swapaxes(value, -1, -2) if transpose else value
         if node[leaf].shape != value.shape:
             raise ValueError(
                 f"{name}: shape {value.shape} does not fit the flax shape {node[leaf].shape}"
@@ -137,7 +169,7 @@ def export_params(state: nnx.State, names) -> dict[str, np.ndarray]:
     out = {}
     for name in names:
         node, leaf, transpose = _slot(pure, name)
-        out[name] = np.array(node[leaf].T if transpose else node[leaf])
+        out[name] = np.array(jnp.swapaxes(node[leaf], -1, -2) if transpose else node[leaf])
     return out
 
 

@@ -48,25 +48,57 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x).float()))
 
 
+class MoE(nn.Module):
+    """Top-k routed SwiGLU experts (`tinylm` module docstring); recipe None: bf16."""
+
+    def __init__(self, cfg: tinylm.Config, recipe=None):
+        super().__init__()
+        self.top_k = cfg.top_k
+        self.router = nn.Linear(cfg.d_model, cfg.experts, bias=False)
+        self.experts = lowp_torch.GroupedExperts(
+            cfg.d_model, 2 * cfg.d_model, cfg.experts, recipe=recipe
+        )
+
+    def forward(self, x):
+        b, t, d = x.shape
+        flat = x.reshape(-1, d).float()
+        with torch.autocast(x.device.type, enabled=False):
+            probs = F.linear(flat, self.router.weight).softmax(-1)
+            gates, expert = torch.topk(probs, self.top_k, dim=-1)
+            gates = gates / gates.sum(-1, keepdim=True)
+            # the (token, choice) pairs sorted by expert, each expert's a run of rows
+            order = torch.argsort(expert.flatten(), stable=True)
+            token = order // self.top_k
+            counts = torch.bincount(expert.flatten(), minlength=self.router.out_features)
+            y = self.experts(flat[token].to(torch.bfloat16), counts)
+            weighted = y.float() * gates.flatten()[order, None]
+            out = torch.zeros_like(flat).index_add_(0, token, weighted)
+        return out.view(b, t, d)
+
+
 class Block(nn.Module):
-    def __init__(self, cfg: tinylm.Config):
+    def __init__(self, cfg: tinylm.Config, recipe=None):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
-        self.attn, self.mlp = Attention(cfg), MLP(cfg)
+        self.attn = Attention(cfg)
+        if cfg.ffn == "moe":
+            self.moe = MoE(cfg, recipe)
+        else:
+            self.mlp = MLP(cfg)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        return x + (self.moe if hasattr(self, "moe") else self.mlp)(self.ln2(x))
 
 
 class TinyLM(nn.Module):
     """The pre-LN byte-level decoder of `tinylm`; tokens (B, T) int -> logits (B, T, 256)."""
 
-    def __init__(self, cfg: tinylm.Config):
+    def __init__(self, cfg: tinylm.Config, expert_recipe=None):
         super().__init__()
         self.tok_emb = nn.Embedding(tinylm.VOCAB, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(Block(cfg, expert_recipe) for _ in range(cfg.layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, tinylm.VOCAB, bias=False)
 
@@ -79,16 +111,18 @@ class TinyLM(nn.Module):
 
 def build_model(cfg: tinylm.Config, run: str, params: dict, device="cpu") -> TinyLM:
     """The model with `params` loaded; for a recipe, its block projections converted
-    by `lowp_torch.convert_to_training` (the LM head is left bf16). small_shapes=
+    by `lowp_torch.convert_to_training` (the LM head and MoE routers are left as they
+    are) and its MoE experts' grouped GEMMs quantized by it. small_shapes=
     "quantize": the runs compare the recipes' numerics, and on a GPU the default policy
     would keep these small layers in high precision (bf16 speed beats fp8 there)."""
-    model = TinyLM(cfg)
+    recipe = None if run == "bf16" else tinylm.recipe_of(run)
+    model = TinyLM(cfg, expert_recipe=recipe)  # MoE experts: grouped GEMMs of the recipe
     model.load_state_dict({k: torch.from_numpy(v) for k, v in params.items()})
-    if run != "bf16":
+    if recipe is not None:
         lowp_torch.convert_to_training(
             model,
-            tinylm.recipe_of(run),
-            filter_fn=lambda module, name: name != "head",
+            recipe,
+            filter_fn=lambda module, name: name != "head" and not name.endswith("router"),
             small_shapes="quantize",
         )
     return model.to(device)

@@ -116,3 +116,44 @@ def test_the_nvfp4_ablation_drops_the_transform_and_stochastic_rounding():
         got, base = getattr(ablation, gemm), getattr(nvfp4, gemm)
         assert (got.a, got.b) == (base.a, base.b), gemm
         assert (got.a_rounding, got.b_rounding, got.hadamard) == ("nearest", "nearest", False)
+
+
+MOE_CFG = dataclasses.replace(CFG, ffn="moe", experts=4, top_k=2)
+
+
+def test_moe_initial_weights_load_in_both_frameworks():
+    """The stacked experts (E, out, in) and the router go in and out of both models."""
+    params = tinylm.init_params(MOE_CFG, seed=0)
+    assert params["blocks.0.moe.experts.w2"].shape == (4, 64, 128)
+    for name, make in TRAINERS.items():
+        got = make(MOE_CFG, "float8_rowwise", params).params()
+        assert got.keys() == params.keys(), name
+        for key, value in params.items():
+            np.testing.assert_array_equal(got[key], value, err_msg=f"{name} {key}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", sorted(TRAINERS))
+def test_moe_trains_with_grouped_recipes_like_bf16(framework, corpus, tmp_path):
+    """The MoE tiny LM (grouped GEMMs: lowp_torch.GroupedExperts / lowp_jax.nnx's)
+    trains with float8_rowwise and mxfp8 like bf16, and resumes exactly (the full-size
+    comparison: docs/moe.md)."""
+    runs = {
+        run: tinylm.train(
+            TRAINERS[framework],
+            MOE_CFG,
+            run,
+            corpus,
+            tmp_path,
+            resume_at=4,
+            resume_steps=2 if run == "mxfp8" else 0,
+            log=lambda _: None,
+        )
+        for run in ("bf16", "float8_rowwise", "mxfp8")
+    }
+    bf16 = runs["bf16"]["heldout"][-1][1]
+    for run, result in runs.items():
+        losses = np.array(result["train_loss"])
+        assert np.isfinite(losses).all() and losses[-1] < losses[0] - 0.3, (run, losses)
+        assert abs(result["heldout"][-1][1] - bf16) < 0.02 * bf16, (run, result["heldout"])
+    assert runs["mxfp8"]["resume_exact"] is True
