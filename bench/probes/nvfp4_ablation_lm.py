@@ -79,9 +79,10 @@ def train(args) -> None:
             )
 
 
-def table(paths: list[str]) -> None:
-    """The table of the --json files `paths`; files of one framework (and one
-    configuration: refused otherwise) are merged, so seeds may run in separate processes."""
+def table(paths: list[str], wanted: list[str]) -> None:
+    """The table of the `wanted` runs in the --json files `paths`; files of one framework
+    (and one configuration: refused otherwise) are merged, so seeds may run in separate
+    processes."""
     merged: dict[str, dict] = {}
     for path in paths:
         report = json.loads(pathlib.Path(path).read_text())
@@ -95,7 +96,7 @@ def table(paths: list[str]) -> None:
     print("|---|---|---|---|")
     for framework, report in merged.items():
         by = {(r["run"], r["seed"]): r["heldout"] for r in report["rows"]}
-        runs = [run for run in RUNS if any(r == run for r, _ in by)]
+        runs = [run for run in wanted if any(r == run for r, _ in by)]
         # only the seeds every run finished: the runs of one seed are paired
         seeds = sorted(s for s in {s for _, s in by} if all((run, s) in by for run in runs))
         if "bf16" not in runs or not seeds:
@@ -113,7 +114,7 @@ def table(paths: list[str]) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--framework", choices=("torch", "jax"), default="torch")
-    parser.add_argument("--runs", default=",".join(RUNS))
+    parser.add_argument("--runs", default=",".join(RUNS), help="to train, or to tabulate")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--size", default="tiny")
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
     parser.add_argument("--table", nargs="+", help="print the table of these --json files")
     args = parser.parse_args(argv)
     if args.table:
-        table(args.table)
+        table(args.table, args.runs.split(","))
     elif args.json:
         train(args)
     else:
