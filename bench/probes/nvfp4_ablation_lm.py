@@ -30,11 +30,11 @@ HERE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_tiny_lm
 RUNS = ("bf16", "nvfp4", "nvfp4_no_rht", "nvfp4_no_sr", "nvfp4_plain")
 
 
-def train_one(trainer_cls, cfg, run: str, corpus) -> float:
-    """The final held-out loss of `run` trained for `cfg.steps` steps."""
+def train_one(trainer_cls, cfg, run: str, corpus, device: str) -> float:
+    """The final held-out loss of `run` trained for `cfg.steps` steps on `device`."""
     import tinylm
 
-    trainer = trainer_cls(cfg, run, tinylm.init_params(cfg, cfg.seed))
+    trainer = trainer_cls(cfg, run, tinylm.init_params(cfg, cfg.seed), device)
     for step in range(cfg.steps):
         loss = trainer.step(step, tinylm.train_batch(corpus, cfg, step))
         if not np.isfinite(loss):
@@ -50,7 +50,8 @@ def train(args) -> None:
         import torch
         import train_torch as module
 
-        torch.set_num_threads(1)
+        if args.device == "cpu":
+            torch.set_num_threads(1)  # one process a seed, one core each
     else:
         import train_jax as module
     cfg = tinylm.SIZES[args.size]
@@ -60,7 +61,7 @@ def train(args) -> None:
     rows = []
     if out.exists():
         earlier = json.loads(out.read_text())
-        if earlier["config"] != dataclasses.asdict(cfg) or earlier["framework"] != args.framework:
+        if (earlier["config"], earlier["framework"]) != (dataclasses.asdict(cfg), args.framework):
             raise SystemExit(f"{out} holds runs of another configuration or framework")
         rows = earlier["rows"]
     done = {(r["seed"], r["run"]) for r in rows}
@@ -69,7 +70,9 @@ def train(args) -> None:
             if (seed, run) in done:
                 continue
             start = time.process_time()
-            loss = train_one(module.Trainer, dataclasses.replace(cfg, seed=seed), run, corpus)
+            loss = train_one(
+                module.Trainer, dataclasses.replace(cfg, seed=seed), run, corpus, args.device
+            )
             row = {"seed": seed, "run": run, "heldout": loss, "cpu_s": time.process_time() - start}
             print(f"{args.framework} seed {seed} {run:>14} held-out {loss:.4f}", flush=True)
             rows.append(row)
@@ -118,6 +121,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--size", default="tiny")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     parser.add_argument("--json", help="append each run's row here (a rerun skips rows it has)")
     parser.add_argument("--table", nargs="+", help="print the table of these --json files")
     args = parser.parse_args(argv)
