@@ -103,7 +103,9 @@ class OperandPlan:
 
     def signs(self, length: int) -> np.ndarray:
         """The Hadamard transform's sign vector for a reduction of `length` (spec §8):
-        the same for both operands of the GEMM, so that the product is unchanged."""
+        the same for both operands of the GEMM, so that the product is unchanged, and
+        for every layer (layer ""): no framework's layer name enters the bytes (spec §8
+        says why)."""
         return _hadamard.signs(self.recipe_seed, "", (length,))
 
     def quantize_reference(self, t: np.ndarray):

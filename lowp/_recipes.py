@@ -129,8 +129,18 @@ class Recipe:
 
     @staticmethod
     def names() -> tuple[str, ...]:
-        """The recipe names `from_name` takes, in the order the docs list them."""
+        """The training recipes' names `from_name` takes, in the order the docs list them
+        (the ablation variants, `ablation_names`, apart)."""
         return tuple(_RECIPES)
+
+    @staticmethod
+    def ablation_names() -> tuple[str, ...]:
+        """The ablation variants' names `from_name` also takes: `nvfp4` without its random
+        Hadamard transform (`nvfp4_no_rht`), without stochastic rounding (`nvfp4_no_sr`)
+        or without both (`nvfp4_plain`), to measure what each part buys (spec §8). They
+        are not recipes to train with, so `names()` and the sweeps over it leave them out.
+        """
+        return tuple(_ABLATIONS)
 
     @classmethod
     def from_name(cls, name: str) -> "Recipe":
@@ -138,10 +148,15 @@ class Recipe:
         known = isinstance(name, str)  # str first: a list or dict is unhashable for `in`
         if known and name in _RECIPES:
             return _RECIPES[name]()
+        if known and name in _ABLATIONS:
+            return _ABLATIONS[name]()
         hint = ""
         if known and name in _TORCHAO_RECIPE_NAMES:
             hint = f" ({name!r} is torchao's name for {_TORCHAO_RECIPE_NAMES[name]!r})"
-        raise ValueError(f"unknown recipe {name!r}{hint}; expected one of {cls.names()}")
+        raise ValueError(
+            f"unknown recipe {name!r}{hint}; expected one of {cls.names()} "
+            f"or an ablation variant {cls.ablation_names()}"
+        )
 
     @classmethod
     def of(cls, recipe: "Recipe | str") -> "Recipe":
@@ -220,18 +235,20 @@ def _float8_blockwise(pow2: bool) -> Recipe:
     )
 
 
-def _nvfp4() -> Recipe:
+def _nvfp4(name: str = "nvfp4", *, hadamard: bool = True, stochastic: bool = True) -> Recipe:
     # Transformer Engine's NVFP4BlockScaling: 1x16 e4m3 block scales and a float32
     # global scale for activations and gradients, 16x16 tiles for weights (w and w.T
     # hold the same values), stochastic rounding of the gradient, and the random
-    # Hadamard transform on both wgrad operands (along the tokens M).
+    # Hadamard transform on both wgrad operands (along the tokens M). The ablation
+    # variants turn the transform or the stochastic rounding off and change nothing else.
     act = _schemes.NVFP4Scaling(block=16, global_scale=True)
     weight = _schemes.NVFP4TileScaling(tile=(16, 16), global_scale=True)
+    grad_rounding = "stochastic" if stochastic else "nearest"
     return Recipe(
-        name="nvfp4",
+        name=name,
         forward=GemmSpec(act, weight),
-        dgrad=GemmSpec(act, weight, a_rounding="stochastic"),
-        wgrad=GemmSpec(act, act, a_rounding="stochastic", hadamard=True),
+        dgrad=GemmSpec(act, weight, a_rounding=grad_rounding),
+        wgrad=GemmSpec(act, act, a_rounding=grad_rounding, hadamard=hadamard),
     )
 
 
@@ -244,6 +261,12 @@ _RECIPES = {
     "float8_blockwise": lambda: _float8_blockwise(pow2=False),
     "float8_blockwise_ue8m0": lambda: _float8_blockwise(pow2=True),
     "nvfp4": _nvfp4,
+}
+# Ablations of nvfp4 (`Recipe.ablation_names`): each takes one part of the recipe away.
+_ABLATIONS = {
+    "nvfp4_no_rht": lambda: _nvfp4("nvfp4_no_rht", hadamard=False),
+    "nvfp4_no_sr": lambda: _nvfp4("nvfp4_no_sr", stochastic=False),
+    "nvfp4_plain": lambda: _nvfp4("nvfp4_plain", hadamard=False, stochastic=False),
 }
 _TORCHAO_RECIPE_NAMES = {
     "tensorwise": "float8_tensorwise",

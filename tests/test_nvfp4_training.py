@@ -145,3 +145,133 @@ def test_gemm_spec_checks_the_new_fields():
         lowp.GemmSpec(nv, nv, hadamard=1)
     with pytest.raises(TypeError, match="Recipe.seed must be an int"):
         dataclasses.replace(lowp.Recipe.from_name("nvfp4"), seed="0")
+
+
+def test_the_ablation_variants_take_one_part_of_nvfp4_away():
+    """`nvfp4_no_rht`, `nvfp4_no_sr` and `nvfp4_plain` are nvfp4 with the transform, the
+    stochastic rounding, or both turned off, and nothing else changed; the sweeps over
+    `Recipe.names()` leave them out."""
+    base = lowp.Recipe.from_name("nvfp4")
+    assert set(lowp.Recipe.ablation_names()).isdisjoint(lowp.Recipe.names())
+    for name, stochastic, hadamard in (
+        ("nvfp4_no_rht", True, False),
+        ("nvfp4_no_sr", False, True),
+        ("nvfp4_plain", False, False),
+    ):
+        rounding = "stochastic" if stochastic else "nearest"
+        assert lowp.Recipe.from_name(name) == dataclasses.replace(
+            base,
+            name=name,
+            dgrad=dataclasses.replace(base.dgrad, a_rounding=rounding),
+            wgrad=dataclasses.replace(base.wgrad, a_rounding=rounding, hadamard=hadamard),
+        )
+    with pytest.raises(ValueError, match="unknown recipe 'nvfp4_no'.*ablation variant"):
+        lowp.Recipe.from_name("nvfp4_no")
+
+
+# --- the signs are the same in every layer, replica and framework (spec §8) ---
+
+_M, _K, _N = 32, 64, 32
+
+
+def _layer_data():
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((_M, _K)).astype(np.float32)
+    w = (rng.standard_normal((_N, _K)) * 0.1).astype(np.float32)
+    g = rng.standard_normal((_M, _N)).astype(np.float32)
+    return x, w, g
+
+
+def _numpy_wgrad_operands(x, g):
+    plan = LinearPlan.of(lowp.Recipe.from_name("nvfp4")).wgrad
+    assert np.array_equal(plan.a.signs(_M), _hadamard.signs(0, "", (_M,)))
+    return (
+        plan.a.quantize_reference(np.ascontiguousarray(g.T)),
+        plan.b.quantize_reference(np.ascontiguousarray(x.T)),
+    )
+
+
+@pytest.mark.slow
+def test_torch_layers_and_replicas_take_the_same_signs_as_numpy():
+    """Two differently named layers holding the same weight, and a replica of the model
+    built under another torch seed, get the same weight gradient bit for bit (torchao's
+    layers each draw their signs, so its replicas disagree); the wgrad operands are
+    NumPy's."""
+    torch = pytest.importorskip("torch")
+    import lowp_torch
+
+    x, w, g = _layer_data()
+
+    class TwoLayers(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(_K, _N, bias=False)
+            self.fc2 = torch.nn.Linear(_K, _N, bias=False)
+
+        def forward(self, x):
+            return self.fc1(x), self.fc2(x)
+
+    def weight_grads(torch_seed):
+        torch.manual_seed(torch_seed)
+        model = lowp_torch.convert_to_training(TwoLayers(), "nvfp4", small_shapes="quantize")
+        with torch.no_grad():
+            model.fc1.weight.copy_(torch.from_numpy(w))
+            model.fc2.weight.copy_(torch.from_numpy(w))
+        y1, y2 = model(torch.from_numpy(x))
+        (torch.sum(y1 * torch.from_numpy(g)) + torch.sum(y2 * torch.from_numpy(g))).backward()
+        return model.fc1.weight.grad.numpy(), model.fc2.weight.grad.numpy()
+
+    fc1, fc2 = weight_grads(0)
+    replica = weight_grads(1)
+    assert fc1.tobytes() == fc2.tobytes() == replica[0].tobytes() == replica[1].tobytes()
+    ops = lowp_torch.training_operands(
+        torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(g), "nvfp4"
+    )["wgrad"]
+    for got, want in zip(ops, _numpy_wgrad_operands(x, g), strict=True):
+        got = lowp_torch.to_lowp(got)
+        assert np.array_equal(got.codes, want.codes)
+        assert got.scale.tobytes() == want.scale.tobytes()
+    product = lowp_torch.scaled_matmul(*ops, out_dtype=torch.float32, kernel="emulated")
+    assert product.numpy().tobytes() == fc1.tobytes()
+
+
+@pytest.mark.slow
+def test_jax_layers_and_replicas_take_the_same_signs_as_numpy():
+    """The JAX side of the torch test above: two nnx layers, and a replica built from
+    other rngs, get the same weight gradient bit for bit; the operands are NumPy's."""
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import lowp_jax
+
+    x, w, g = _layer_data()
+
+    class TwoLayers(nnx.Module):
+        def __init__(self, rngs):
+            self.fc1 = lowp_jax.nnx.Linear(_K, _N, recipe="nvfp4", use_bias=False, rngs=rngs)
+            self.fc2 = lowp_jax.nnx.Linear(_K, _N, recipe="nvfp4", use_bias=False, rngs=rngs)
+
+        def __call__(self, x):
+            return self.fc1(x), self.fc2(x)
+
+    def kernel_grads(rng_seed):
+        model = TwoLayers(nnx.Rngs(rng_seed))
+        model.fc1.kernel.set_value(jnp.asarray(w.T))
+        model.fc2.kernel.set_value(jnp.asarray(w.T))
+
+        def loss(m):
+            y1, y2 = m(jnp.asarray(x))
+            return jnp.sum(y1 * g) + jnp.sum(y2 * g)
+
+        grads = nnx.grad(loss)(model)
+        return np.asarray(grads.fc1.kernel.get_value()), np.asarray(grads.fc2.kernel.get_value())
+
+    fc1, fc2 = kernel_grads(0)
+    replica = kernel_grads(1)
+    assert fc1.tobytes() == fc2.tobytes() == replica[0].tobytes() == replica[1].tobytes()
+    ops = lowp_jax.training_operands(jnp.asarray(x), jnp.asarray(w), jnp.asarray(g), "nvfp4")
+    for got, want in zip(ops["wgrad"], _numpy_wgrad_operands(x, g), strict=True):
+        got = lowp_jax.to_lowp(got)
+        assert np.array_equal(got.codes, want.codes)
+        assert got.scale.tobytes() == want.scale.tobytes()

@@ -40,11 +40,14 @@ RECIPES = lowp.Recipe.names()
 K, N = 128, 96
 INPUT_SHAPES = {"rank2": (64, K), "rank3": (3, 32, K)}
 # torchao's training thresholds (float8: test/float8/test_base.py; mx: test/prototype/mx_formats;
-# fp4: test_mx_linear.py's floors for fp4 elements, output 8, input grad 8, weight grad 10).
+# nvfp4: the forward's 15 dB of torchao's NVFP4 linear test,
+# test/prototype/moe_training/nvfp4_training/test_nvfp4_linear.py, which asserts only finite
+# gradients, so the gradients take test_mx_linear.py's fp4 floors, input grad 8, weight grad
+# 10; Transformer Engine's NVFP4 tests compare to its reference implementation, no SQNR).
 MIN_SQNR = {
     "float8": {"forward": 18.0, "dgrad": 18.0, "wgrad": 17.0},
     "mxfp8": {"forward": 27.0, "dgrad": 25.0, "wgrad": 24.0},
-    "nvfp4": {"forward": 8.0, "dgrad": 8.0, "wgrad": 10.0},
+    "nvfp4": {"forward": 15.0, "dgrad": 8.0, "wgrad": 10.0},
 }
 
 
@@ -362,6 +365,7 @@ def test_convert_to_training_takes_the_small_shape_policy():
         ("mxfp8", "nvfp4"),
         ("float8_blockwise", "float8_block"),
         ("float8_blockwise_ue8m0", "float8_block"),
+        ("nvfp4", "nvfp4"),
     ],
 )
 def test_to_inference_quantizes_the_trained_weights_as_a_fresh_quantize_does(recipe, preset):
