@@ -143,7 +143,7 @@ def triton_problem(
     if (
         type(t) not in _PLAIN_TENSORS
         or t.dtype not in _storage.HP_DTYPES
-        or t.layout != torch.strided
+        or (not _storage.traced(t) and t.layout != torch.strided)  # as _quantize asks
     ):
         return f"the input is not a dense float32/bfloat16/float16 tensor ({_describe(t)})"
     if t.device.type != "cuda" and not (forced and _interpreting()):

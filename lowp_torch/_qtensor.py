@@ -330,7 +330,11 @@ def view_of(q: QuantizedTensor, codes, scale, scheme, shape: tuple) -> Quantized
     """q's view with `codes`, `scale`, `scheme` and `shape`, whose fields are not checked
     again: for a shape op that derives all four from q's own, consistently (`_tensor_ops.
     permute`), where `replace`'s checks, at every call of a training layer, would only
-    confirm what the op's rule already guarantees."""
+    confirm what the op's rule already guarantees. Traced by Dynamo (a compiled layer's
+    backward), it goes through the constructor, which Dynamo traces, and
+    `_make_wrapper_subclass` called bare it cannot."""
+    if _storage.traced(codes):
+        return replace(q, codes=codes, scale=scale, scheme=scheme, shape=shape)
     return _build(
         QuantizedTensor,
         codes,

@@ -55,7 +55,9 @@ def _hp_input(t, name: str) -> torch.Tensor:
         )
     if isinstance(t, _qtensor.QuantizedTensor):
         raise TypeError(f"{name}: already quantized ({t.scheme}); dequantize() it first")
-    if t.layout != torch.strided:  # else "reshape is not implemented for sparse tensors"
+    # else "reshape is not implemented for sparse tensors". Not asked of a traced tensor:
+    # a compiled backward's strict mode refuses the attribute, and traced ones are dense.
+    if not _storage.traced(t) and t.layout != torch.strided:
         raise TypeError(
             f"{name}: a {t.layout} tensor of shape {tuple(t.shape)}; lowp quantizes dense "
             "tensors: convert it with t.to_dense()"
