@@ -208,6 +208,7 @@ def _quantized_model(preset):
 
 def _inference_worker(rank, ranks):
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     mesh = init_device_mesh("cpu", (ranks,))
@@ -227,6 +228,16 @@ def _inference_worker(rank, ranks):
             "codes": [_raw(w.codes).clone() for w in weights],
             "scales": [_raw(w.scale).clone() for w in weights],
         }
+    # Sequence parallel around them: x's tokens sharded in, all-gathered before fc1;
+    # fc2's output reduce-scattered to tokens.
+    model, x = _quantized_model("mxfp8")
+    plan = {
+        "0": ColwiseParallel(input_layouts=Shard(0)),
+        "1": RowwiseParallel(output_layouts=Shard(0)),
+    }
+    lowp_torch.parallelize_quantized(model, mesh, plan)
+    with torch.no_grad():
+        out["sequence_parallel"] = model(x.chunk(ranks, dim=0)[rank]).clone()
     refused = {}
     for preset, name in (
         ("float8_block", "colwise"),
@@ -268,6 +279,9 @@ def test_quantized_inference_layers_shard_with_the_unsharded_bytes():
             # before the all-reduce sums them, so the sum agrees to rounding.
             for r in got:
                 torch.testing.assert_close(r[preset]["y2"], y2, rtol=1e-5, atol=1e-5)
+            if preset == "mxfp8":  # the same sums, then each rank's tokens
+                y = torch.cat([r["sequence_parallel"] for r in got], dim=0)
+                torch.testing.assert_close(y, y2, rtol=1e-5, atol=1e-5)
     refused = got[0]["refused"]
     assert set(refused) == {"float8_block", "float8_rowwise", "nvfp4"}, refused
     assert re.match(
