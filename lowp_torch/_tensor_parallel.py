@@ -102,32 +102,51 @@ def _check_local(operand, gemm: str, where: str) -> None:
 
 def forward(layer, x) -> DTensor:
     """`layer`'s output for a weight that is a DTensor sharded as ColwiseParallel or
-    RowwiseParallel leaves it: the recipe run on the local shards, returned as the DTensor
-    those styles expect (Shard(-1) for colwise; for rowwise the partial products summed, then the bias)."""
-    weight, bias, name = layer.weight, layer.bias, layer.lowering.name
-    mesh, placements = weight.device_mesh, weight.placements
-    if len(placements) != 1 or not isinstance(placements[0], Shard):
-        raise ValueError(
-            f"{name}: tensor parallel takes a weight Shard(0) or Shard(1) on a 1-D mesh, got {placements}"
-        )
-    split = _SPLIT[placements[0].dim]
+    RowwiseParallel leaves it: the recipe run on the local shards (`sharded_linear`)."""
+    name = layer.lowering.name
+    split = _SPLIT[_placement(layer.weight, name).dim]
     size = layer.out_features if split == "N" else layer.in_features
-    check_split(layer.plan, split, size, mesh.size(), name)
+    check_split(layer.plan, split, size, layer.weight.device_mesh.size(), name)
     if layer.recipe.fp32_weight_grad_accumulation:
         raise ValueError(
             f"{name}: fp32_weight_grad_accumulation is not supported under tensor parallel"
         )
-    if split == "N":  # x replicated; y sharded along N; dx sums the ranks' partial products
+
+    def local_linear(x, w, b):
+        return _training.quantized_linear(x, w, b, layer.plan, layer.lowering)
+
+    return sharded_linear(x, layer.weight, layer.bias, local_linear, name)
+
+
+def sharded_linear(x, weight: DTensor, bias, local_linear, name: str) -> DTensor:
+    """`local_linear(x, w, b)` run on this rank's shards of a linear layer whose weight
+    is a DTensor placed by ColwiseParallel (Shard(0)) or RowwiseParallel (Shard(1)),
+    returned as the DTensor those styles expect: Shard(-1) for colwise; for rowwise
+    the partial products summed, then the bias added once."""
+    mesh, placement = weight.device_mesh, _placement(weight, name)
+    if placement.dim == 0:  # x replicated; y sharded along N; dx sums the ranks' partials
         x_local = x.to_local(grad_placements=[Partial()]) if isinstance(x, DTensor) else x
         b = None if bias is None else bias.to_local()
-        y = _training.quantized_linear(x_local, weight.to_local(), b, layer.plan, layer.lowering)
+        y = local_linear(x_local, weight.to_local(), b)
         return DTensor.from_local(y, mesh, [Shard(y.dim() - 1)], run_check=False)
     x_local = x.to_local(grad_placements=[Shard(x.dim() - 1)]) if isinstance(x, DTensor) else x
-    y = _training.quantized_linear(x_local, weight.to_local(), None, layer.plan, layer.lowering)
+    y = local_linear(x_local, weight.to_local(), None)
     y = DTensor.from_local(y, mesh, [Partial()], run_check=False)
     if bias is None:
         return y
     return y.redistribute(mesh, [Replicate()]) + bias  # the bias once, after the sum
+
+
+def _placement(weight: DTensor, name: str) -> Shard:
+    """The weight's one placement, Shard(0) or Shard(1); ValueError naming the layer
+    for any other."""
+    placements = weight.placements
+    if len(placements) != 1 or not isinstance(placements[0], Shard) or placements[0].dim > 1:
+        raise ValueError(
+            f"{name}: tensor parallel takes a weight Shard(0) or Shard(1) on a 1-D mesh, "
+            f"got {placements}"
+        )
+    return placements[0]
 
 
 def is_sharded(weight: torch.Tensor) -> bool:
@@ -155,7 +174,9 @@ def parallelize_quantized(model: nn.Module, mesh, plan) -> nn.Module:
     layers quantize nothing). A scale over a whole row or the whole tensor (float8
     rowwise, tensorwise), or NVFP4's global scale, would need every rank's amax: refused.
 
-    The other plan entries (plain layers, PrepareModuleInput, ...) go to
+    Each sharded layer becomes a `_ShardedQuantizedLinear` (an nn.Linear whose forward
+    runs the layer's quantized `F.linear` on the local shards, `sharded_linear`); the
+    other plan entries (plain layers, PrepareModuleInput, ...) go to
     `parallelize_module` unchanged.
 
     Args:
@@ -173,7 +194,7 @@ def parallelize_quantized(model: nn.Module, mesh, plan) -> nn.Module:
         without the groups it needs (RowwiseParallel); every layer is checked before
         any is changed.
       TypeError: a quantized linear planned with a style other than ColwiseParallel,
-        RowwiseParallel or PrepareModule*.
+        RowwiseParallel or PrepareModule*, or an nn.Linear subclass with its own forward.
 
     Usage (every rank):
 
@@ -190,7 +211,7 @@ def parallelize_quantized(model: nn.Module, mesh, plan) -> nn.Module:
         for name, layer in model.named_modules():
             if _matches(pattern, name) and _is_quantized_linear(layer):
                 where = name or type(layer).__name__
-                shards.append((layer, _shard_dim(layer.weight, where, style, mesh)))
+                shards.append((layer, _shard_dim(layer, where, style, mesh)))
     for layer, dim in shards:
         _shard_weight(layer, dim, mesh)
     return parallelize_module(model, mesh, plan)
@@ -209,10 +230,15 @@ def _is_quantized_linear(layer: nn.Module) -> bool:
     return isinstance(layer, nn.Linear) and isinstance(layer.weight, _qtensor.QuantizedTensor)
 
 
-def _shard_dim(weight: _qtensor.QuantizedTensor, name: str, style, mesh) -> int:
-    """The dim of layer `name`'s quantized `weight` that `style` shards over `mesh`;
+def _shard_dim(layer: nn.Linear, name: str, style, mesh) -> int:
+    """The dim of quantized `layer`'s weight that `style` shards over `mesh`;
     ValueError naming the layer where a shard cannot hold the unsharded bytes, or
     quantize the input to them (see `parallelize_quantized`)."""
+    if type(layer).forward is not nn.Linear.forward:
+        raise TypeError(
+            f"{name}: {type(layer).__name__} has its own forward, which tensor parallel "
+            "would replace with nn.Linear's on the shards; leave the layer out of the plan"
+        )
     if isinstance(style, ColwiseParallel):
         split, dim = "N", 0
     elif isinstance(style, RowwiseParallel):
@@ -224,6 +250,7 @@ def _shard_dim(weight: _qtensor.QuantizedTensor, name: str, style, mesh) -> int:
         )
     if mesh.ndim != 1:
         raise ValueError(f"{name}: tensor parallel takes a 1-D mesh, got {mesh.ndim}-D")
+    weight = layer.weight
     ranks, size = mesh.size(), weight.shape[dim]
     local, rest = divmod(size, ranks)
     where = f"{name}: {_STYLE[split]} splits {split}={size} over {ranks} ranks"
@@ -255,6 +282,21 @@ def _shard_weight(layer: nn.Linear, dim: int, mesh) -> None:
         shard, mesh, [Shard(dim)], run_check=False, shape=weight.shape, stride=weight.stride()
     )
     layer.weight = nn.Parameter(sharded, requires_grad=False)
+    layer.__class__ = _ShardedQuantizedLinear
+
+
+class _ShardedQuantizedLinear(nn.Linear):
+    """A `quantize_`'d nn.Linear that `parallelize_quantized` sharded. Its forward runs
+    `F.linear` on this rank's QuantizedTensor shard, the quantized GEMM of the whole
+    layer, its input quantized as `quantize_` set; DTensor's own decomposition of a
+    linear (aten.t, then addmm) would transpose the weight, which packed fp4 codes
+    cannot be without dequantizing."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        linear = weight.to_local().linear
+        name = type(self).__name__ if linear is None else linear.name
+        return sharded_linear(x, weight, self.bias, torch.nn.functional.linear, name)
 
 
 def _check_local_input(activation, local: int, where: str) -> None:

@@ -190,6 +190,8 @@ _INFERENCE_PLANS = {  # preset -> the styles its layers take without a refusal
     "float8_rowwise": ("colwise",),  # rows of N; its input's row scale spans K
     "float8_weight_only": ("colwise", "rowwise"),  # a row's scale kept whole over K
     "float8_tensorwise": ("colwise",),  # one weight scale, x whole
+    "mxfp4": ("colwise", "rowwise"),  # packed fp4 codes: 16 bytes of K a rank
+    "nvfp4": ("colwise",),  # the weight's global scale on every rank, x whole
 }
 
 
@@ -227,6 +229,7 @@ def _inference_worker(rank, ranks):
             "y2": None if y2 is None else y2.clone(),
             "codes": [_raw(w.codes).clone() for w in weights],
             "scales": [_raw(w.scale).clone() for w in weights],
+            "global": [w.global_scale for w in weights],
         }
     # Sequence parallel around them: x's tokens sharded in, all-gathered before fc1;
     # fc2's output reduce-scattered to tokens.
@@ -272,6 +275,8 @@ def test_quantized_inference_layers_shard_with_the_unsharded_bytes():
                 whole = scale.dim() < 3 or scale.shape[dim] == 1
                 want = scale if whole else scale.chunk(2, dim)[rank]
                 assert torch.equal(r[preset]["scales"][i], want), preset
+                if w.global_scale is not None:
+                    assert torch.equal(_raw(r[preset]["global"][i]), _raw(w.global_scale))
         # Colwise: each output column is the one-device GEMM's, bit for bit.
         assert torch.equal(torch.cat([r[preset]["y1"] for r in got], dim=-1), y1), preset
         if len(names) == 2:
