@@ -248,10 +248,14 @@ def _inference_worker(rank, ranks):
         ("nvfp4", "rowwise"),
     ):
         model, _ = _quantized_model(preset)
+        plan = {"1": styles[name]}
+        if name == "rowwise":  # fc1 colwise passes its check; then fc2 is refused
+            plan = {"0": styles["colwise"], **plan}
         try:
-            lowp_torch.parallelize_quantized(model, mesh, {"1": styles[name]})
+            lowp_torch.parallelize_quantized(model, mesh, plan)
         except ValueError as e:
-            refused[preset] = str(e)
+            # Refused before any layer changed: fc1, whose split is fine, is still whole.
+            refused[preset] = (str(e), type(model[0].weight).__name__)
     out["refused"] = refused
     return out
 
@@ -287,8 +291,10 @@ def test_quantized_inference_layers_shard_with_the_unsharded_bytes():
             if preset == "mxfp8":  # the same sums, then each rank's tokens
                 y = torch.cat([r["sequence_parallel"] for r in got], dim=0)
                 torch.testing.assert_close(y, y2, rtol=1e-5, atol=1e-5)
-    refused = got[0]["refused"]
-    assert set(refused) == {"float8_block", "float8_rowwise", "nvfp4"}, refused
+    got_refused = got[0]["refused"]
+    assert set(got_refused) == {"float8_block", "float8_rowwise", "nvfp4"}, got_refused
+    assert {kind for _, kind in got_refused.values()} == {"QuantizedTensor"}, got_refused
+    refused = {preset: message for preset, (message, _) in got_refused.items()}
     assert re.match(
         r"1: ColwiseParallel \(out_features\) splits N=64 over 2 ranks: a shard of 32 rows "
         r"splits the 128-row blocks of BlockScaling.*, the weight;",
@@ -300,3 +306,45 @@ def test_quantized_inference_layers_shard_with_the_unsharded_bytes():
         refused["float8_rowwise"],
     ), refused["float8_rowwise"]
     assert "global scale" in refused["nvfp4"], refused["nvfp4"]
+
+
+class _Mesh:
+    """What the split checks read of a 1-D DeviceMesh of `ranks` ranks."""
+
+    ndim = 1
+
+    def __init__(self, ranks):
+        self.ranks = ranks
+
+    def size(self):
+        return self.ranks
+
+
+def test_quantized_layer_splits_are_checked_before_sharding():
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    layer = lowp_torch.quantize_(nn.Linear(64, 48), "mxfp8")
+    assert _tensor_parallel._shard_dim(layer, "fc", ColwiseParallel(), _Mesh(3)) == 0
+    assert _tensor_parallel._shard_dim(layer, "fc", RowwiseParallel(), _Mesh(2)) == 1
+    with pytest.raises(ValueError, match=r"fc: RowwiseParallel .*K=64 over 3 ranks, not evenly"):
+        _tensor_parallel._shard_dim(layer, "fc", RowwiseParallel(), _Mesh(3))
+    with pytest.raises(
+        ValueError,
+        match=r"fc: RowwiseParallel .*K=64 over 4 ranks: a shard of 16 columns splits the "
+        r"32-column blocks of MXScaling.*, the weight;",
+    ):
+        _tensor_parallel._shard_dim(layer, "fc", RowwiseParallel(), _Mesh(4))
+    with pytest.raises(TypeError, match=r"fc: .*ColwiseParallel or RowwiseParallel, got Seq"):
+        _tensor_parallel._shard_dim(layer, "fc", SequenceParallel(), _Mesh(2))
+
+    class Scaled(nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    scaled = lowp_torch.quantize_(Scaled(64, 48), "mxfp8")
+    with pytest.raises(TypeError, match=r"fc: Scaled has its own forward"):
+        _tensor_parallel._shard_dim(scaled, "fc", ColwiseParallel(), _Mesh(2))
