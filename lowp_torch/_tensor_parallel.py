@@ -204,15 +204,15 @@ def parallelize_quantized(model: nn.Module, mesh, plan) -> nn.Module:
         )
     """
     entries = plan.items() if isinstance(plan, dict) else [("", plan)]
-    shards = []  # every layer checked before any is changed
+    shards = {}  # id -> (layer, dim): every layer checked before any is changed
     for pattern, style in entries:
         if isinstance(style, _KEEPS_PARAMETERS):
             continue
         for name, layer in model.named_modules():
             if _matches(pattern, name) and _is_quantized_linear(layer):
                 where = name or type(layer).__name__
-                shards.append((layer, _shard_dim(layer, where, style, mesh)))
-    for layer, dim in shards:
+                shards[id(layer)] = layer, _shard_dim(layer, where, style, mesh)
+    for layer, dim in shards.values():
         _shard_weight(layer, dim, mesh)
     return parallelize_module(model, mesh, plan)
 
