@@ -1,5 +1,6 @@
 """Sharded training with lowp on CPU: FSDP2 with fp8 all-gather (its checkpoint then
-loaded into one process), then tensor parallel, each on two gloo processes, then JAX's
+loaded into one process), then tensor parallel (training, and a `quantize_`'d model
+served), each on two gloo processes, then JAX's
 FSDP-style gather on four host devices, saved and resharded onto two.
 
     python examples/sharded_training.py            # all three
@@ -83,6 +84,21 @@ def tensor_parallel(rank: int, ranks: int, checkpoint: str) -> None:
     loss.backward()
     if rank == 0:
         print(f"tp: loss {loss.item():.5f}")
+
+    # Inference: a quantize_'d model (whole on every rank), each rank keeping its slice
+    # of the quantized weights; the colwise layer's output is the whole model's columns.
+    torch.manual_seed(0)
+    served = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256))
+    lowp_torch.quantize_(served, "mxfp8")
+    x = torch.randn(8, 256)
+    with torch.no_grad():
+        whole = served[0](x).chunk(ranks, dim=-1)[rank]
+        plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
+        lowp_torch.parallelize_quantized(served, mesh, plan)
+        same = torch.equal(served[0](x), whole)
+        y = served(x)
+    if rank == 0:
+        print(f"tp inference: fc1 columns equal the unsharded layer's: {same}; y {tuple(y.shape)}")
 
 
 def _entry(rank, what, ranks, d):

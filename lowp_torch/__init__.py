@@ -11,7 +11,8 @@ Training (spec §8): `convert_to_training(model, recipe)` swaps each nn.Linear f
 `Linear` whose forward, dgrad and wgrad GEMMs are quantized as the recipe says, in
 eager mode and under torch.compile; `training_operands` shows the bytes each GEMM gets;
 `to_inference` turns the trained model into `quantize_`'s inference form;
-`fsdp_quantized_all_gather` has FSDP2 gather its weights as codes and scales.
+`fsdp_quantized_all_gather` has FSDP2 gather its weights as codes and scales;
+`parallelize_quantized` shards `quantize_`'d layers under DTensor tensor parallelism.
 Mixture of experts (spec §10): `grouped_mm(x, w, offs, recipe)` runs the three grouped
 GEMMs of stacked experts quantized, and `GroupedExperts` /
 `convert_experts_to_training` put it into a model.
@@ -47,6 +48,7 @@ from lowp_torch._pretrained import from_pretrained, save_pretrained
 from lowp_torch._qtensor import QuantizedTensor
 from lowp_torch._quantize import dequantize, quantize
 from lowp_torch._rounding import random_bits
+from lowp_torch._tensor_parallel import parallelize_quantized
 from lowp_torch._training import training_operands
 from lowp_torch._training_linear import Linear, convert_to_training
 from lowp_torch._weight_cache import weight_cache
@@ -75,6 +77,7 @@ __all__ = [
     "grouped_operands",
     "load_quantized",
     "memory_footprint",
+    "parallelize_quantized",
     "quantize",
     "quantize_",
     "quantize_experts_",

@@ -3,6 +3,7 @@ two and four CPU processes talking gloo: each rank's GEMMs get the unsharded lay
 split that would cut a quantization group is refused."""
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -179,3 +180,171 @@ def test_an_operand_a_shard_cannot_quantize_alone_is_refused():
     ):
         _tensor_parallel.check_split(extend.LinearPlan.of(hadamard), "N", 128, 2, "fc1")
     _tensor_parallel.check_split(extend.LinearPlan.of(stochastic), "K", 128, 2, "fc1")  # g whole
+
+
+# quantize_'d inference layers (lowp_torch.parallelize_quantized): fc1 ColwiseParallel,
+# fc2 RowwiseParallel, D=64 features, so 32 per rank: one MX block.
+D = 64
+_INFERENCE_PLANS = {  # preset -> the styles its layers take without a refusal
+    "mxfp8": ("colwise", "rowwise"),
+    "float8_rowwise": ("colwise",),  # rows of N; its input's row scale spans K
+    "float8_weight_only": ("colwise", "rowwise"),  # a row's scale kept whole over K
+    "float8_tensorwise": ("colwise",),  # one weight scale, x whole
+    "mxfp4": ("colwise", "rowwise"),  # packed fp4 codes: 16 bytes of K a rank
+    "nvfp4": ("colwise",),  # the weight's global scale on every rank, x whole
+}
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """t's bytes as uint8, one more trailing dim (float32 scales: 4 a value; a 0-d
+    tensor scale becomes 1-D); NaN scales compare equal byte for byte."""
+    return t.unsqueeze(-1).view(torch.uint8)
+
+
+def _quantized_model(preset):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(D, D), nn.Linear(D, D))
+    lowp_torch.quantize_(model, preset)
+    return model, torch.randn(4, D, generator=torch.Generator().manual_seed(1))
+
+
+def _inference_worker(rank, ranks):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    mesh = init_device_mesh("cpu", (ranks,))
+    styles = {"colwise": ColwiseParallel(), "rowwise": RowwiseParallel()}
+    out = {}
+    for preset, names in _INFERENCE_PLANS.items():
+        model, x = _quantized_model(preset)
+        plan = {str(i): styles[name] for i, name in enumerate(names)}
+        lowp_torch.parallelize_quantized(model, mesh, plan)
+        with torch.no_grad():
+            y1 = model[0](x)  # colwise: this rank's columns of N
+            y2 = model[1](y1) if len(names) == 2 else None  # rowwise: summed, replicated
+        weights = [model[i].weight.to_local() for i in range(len(names))]
+        out[preset] = {
+            "y1": y1.clone(),
+            "y2": None if y2 is None else y2.clone(),
+            "codes": [_raw(w.codes).clone() for w in weights],
+            "scales": [_raw(w.scale).clone() for w in weights],
+            "global": [w.global_scale for w in weights],
+        }
+    # Sequence parallel around them: x's tokens sharded in, all-gathered before fc1;
+    # fc2's output reduce-scattered to tokens.
+    model, x = _quantized_model("mxfp8")
+    plan = {
+        "0": ColwiseParallel(input_layouts=Shard(0)),
+        "1": RowwiseParallel(output_layouts=Shard(0)),
+    }
+    lowp_torch.parallelize_quantized(model, mesh, plan)
+    with torch.no_grad():
+        out["sequence_parallel"] = model(x.chunk(ranks, dim=0)[rank]).clone()
+    refused = {}
+    for preset, name in (
+        ("float8_block", "colwise"),
+        ("float8_rowwise", "rowwise"),
+        ("nvfp4", "rowwise"),
+    ):
+        model, _ = _quantized_model(preset)
+        plan = {"1": styles[name]}
+        if name == "rowwise":  # fc1 colwise passes its check; then fc2 is refused
+            plan = {"0": styles["colwise"], **plan}
+        try:
+            lowp_torch.parallelize_quantized(model, mesh, plan)
+        except ValueError as e:
+            # Refused before any layer changed: fc1, whose split is fine, is still whole.
+            refused[preset] = (str(e), type(model[0].weight).__name__)
+    out["refused"] = refused
+    return out
+
+
+@pytest.mark.slow  # processes spawned: seconds
+def test_quantized_inference_layers_shard_with_the_unsharded_bytes():
+    got = spawn(_inference_worker, 2)
+    for preset, names in _INFERENCE_PLANS.items():
+        model, x = _quantized_model(preset)
+        with torch.no_grad():
+            y1 = model[0](x)
+            y2 = model[1](y1)
+        for i, name in enumerate(names):
+            dim = 0 if name == "colwise" else 1
+            w = model[i].weight
+            codes, scale = _raw(w.codes), _raw(w.scale)
+            for rank, r in enumerate(got):
+                # Each rank's codes and scales are its slice of the whole weight's; a scale
+                # that spans the split (one per row under a K split, one per tensor) whole.
+                assert torch.equal(r[preset]["codes"][i], codes.chunk(2, dim)[rank]), preset
+                whole = scale.dim() < 3 or scale.shape[dim] == 1
+                want = scale if whole else scale.chunk(2, dim)[rank]
+                assert torch.equal(r[preset]["scales"][i], want), preset
+                if w.global_scale is not None:
+                    assert torch.equal(_raw(r[preset]["global"][i]), _raw(w.global_scale))
+        # Colwise: each output column is the one-device GEMM's, bit for bit.
+        assert torch.equal(torch.cat([r[preset]["y1"] for r in got], dim=-1), y1), preset
+        if len(names) == 2:
+            # Rowwise: each rank's partial product over its K is rounded to float32
+            # before the all-reduce sums them, so the sum agrees to rounding.
+            for r in got:
+                torch.testing.assert_close(r[preset]["y2"], y2, rtol=1e-5, atol=1e-5)
+            if preset == "mxfp8":  # the same sums, then each rank's tokens
+                y = torch.cat([r["sequence_parallel"] for r in got], dim=0)
+                torch.testing.assert_close(y, y2, rtol=1e-5, atol=1e-5)
+    got_refused = got[0]["refused"]
+    assert set(got_refused) == {"float8_block", "float8_rowwise", "nvfp4"}, got_refused
+    assert {kind for _, kind in got_refused.values()} == {"QuantizedTensor"}, got_refused
+    refused = {preset: message for preset, (message, _) in got_refused.items()}
+    assert re.match(
+        r"1: ColwiseParallel \(out_features\) splits N=64 over 2 ranks: a shard of 32 rows "
+        r"splits the 128-row blocks of BlockScaling.*, the weight;",
+        refused["float8_block"],
+    ), refused["float8_block"]
+    assert re.match(
+        r"1: RowwiseParallel \(in_features\) splits K=64 over 2 ranks: each group of the "
+        r"input's AxisScaling.* spans K",
+        refused["float8_rowwise"],
+    ), refused["float8_rowwise"]
+    assert "global scale" in refused["nvfp4"], refused["nvfp4"]
+
+
+class _Mesh:
+    """What the split checks read of a 1-D DeviceMesh of `ranks` ranks."""
+
+    ndim = 1
+
+    def __init__(self, ranks):
+        self.ranks = ranks
+
+    def size(self):
+        return self.ranks
+
+
+def test_quantized_layer_splits_are_checked_before_sharding():
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    layer = lowp_torch.quantize_(nn.Linear(64, 48), "mxfp8")
+    assert _tensor_parallel._shard_dim(layer, "fc", ColwiseParallel(), _Mesh(3)) == 0
+    assert _tensor_parallel._shard_dim(layer, "fc", RowwiseParallel(), _Mesh(2)) == 1
+    with pytest.raises(ValueError, match=r"fc: RowwiseParallel .*K=64 over 3 ranks, not evenly"):
+        _tensor_parallel._shard_dim(layer, "fc", RowwiseParallel(), _Mesh(3))
+    with pytest.raises(
+        ValueError,
+        match=r"fc: RowwiseParallel .*K=64 over 4 ranks: a shard of 16 columns splits the "
+        r"32-column blocks of MXScaling.*, the weight;",
+    ):
+        _tensor_parallel._shard_dim(layer, "fc", RowwiseParallel(), _Mesh(4))
+    with pytest.raises(TypeError, match=r"fc: .*ColwiseParallel or RowwiseParallel, got Seq"):
+        _tensor_parallel._shard_dim(layer, "fc", SequenceParallel(), _Mesh(2))
+
+    class Scaled(nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    scaled = lowp_torch.quantize_(Scaled(64, 48), "mxfp8")
+    with pytest.raises(TypeError, match=r"fc: Scaled has its own forward"):
+        _tensor_parallel._shard_dim(scaled, "fc", ColwiseParallel(), _Mesh(2))
