@@ -132,9 +132,16 @@ def _plan(x, w, config) -> None:
     rows = x.reshape(-1, x.shape[-1])
     a = _quantize.quantize(rows[:0], scheme)  # an empty one: its scheme, dtype and device
     form = _gemm.gemm_form(a, w)
-    if form not in ("tensorwise", "rowwise") or (
-        _gemm.kernel_problem("scaled_mm", a, w, form, x.dtype) is not None
-        or _gemm.shape_problem(a, w) is not None
+    # The rowwise form also pairs a tensor-scaled activation with a rowwise weight; its
+    # one scale would need expanding to (M, 1) every call, which `_planned` does not do.
+    mixed = form == "rowwise" and isinstance(scheme, lowp.TensorScaling)
+    if (
+        mixed
+        or form not in ("tensorwise", "rowwise")
+        or (
+            _gemm.kernel_problem("scaled_mm", a, w, form, x.dtype) is not None
+            or _gemm.shape_problem(a, w) is not None
+        )
     ):
         return
     b_codes, b_scale = _gemm.b_operand(w, form)

@@ -64,12 +64,15 @@ def traced(t: torch.Tensor) -> bool:
     AOTAutograd trace of a tensor subclass's __torch_dispatch__ on torch 2.11 (there
     the tensors are fake, the flag is off, and Inductor later met a raw e8m0 buffer).
 
-    A tensor of exactly `torch.Tensor`'s type is neither fake nor a wrapper of fake
-    tensors, so it skips `is_fake`, which costs 4-25 us a call in eager CPU inference
+    A tensor of exactly `torch.Tensor`'s type that no functorch transform wraps (their
+    C++ wrappers also have that type) is neither fake nor a wrapper of fake tensors, so
+    it skips `is_fake`, which costs 4-25 us a call in eager CPU inference
     (docs/performance.md, CPU inference)."""
     if torch.compiler.is_compiling():
         return True
-    return type(t) is not torch.Tensor and is_fake(t)
+    if type(t) is torch.Tensor and not torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return False
+    return is_fake(t)
 
 
 def as_stored(u8: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

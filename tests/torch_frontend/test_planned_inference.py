@@ -10,6 +10,7 @@ shapes, the bias and output handling, which must give the general path's bytes.
 import pytest
 import torch
 
+import lowp
 import lowp_torch
 from lowp_torch import _cast_kernels, _gemm, _linear, _quantize, _triton_casts
 
@@ -84,6 +85,23 @@ def test_planned_call_gives_the_general_paths_bytes(cuda_path, preset, shape, bi
     expected = _linear._quantized_input(x, layer.weight, layer.bias, layer.weight.linear)
     for y in (first, second):
         assert y.shape == (*shape[:-1], 32) and y.dtype == torch.bfloat16
+        assert torch.equal(y.view(torch.int16), expected.view(torch.int16))
+
+
+def test_a_tensor_scaled_input_beside_a_rowwise_weight_keeps_the_general_path(cuda_path):
+    """gemm_form calls the pair rowwise; its one input scale would need expanding to
+    (M, 1) at every call, so it is not planned (a review found the planned call refused
+    by torch._scaled_mm from the second call on)."""
+    if not ROWS_ON_CPU:
+        pytest.skip(f"torch {torch.__version__}'s CPU _scaled_mm takes no rowwise scales")
+    config = lowp.InferenceConfig(weight=lowp.AxisScaling(), activation=lowp.TensorScaling())
+    layer = lowp_torch.quantize_(torch.nn.Linear(64, 32, dtype=torch.bfloat16), config)
+    x = torch.randn(16, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        first, second = layer(x), layer(x)
+    assert cuda_path == [] and "_lowp_plans" not in layer.weight.__dict__
+    expected = _linear._quantized_input(x, layer.weight, layer.bias, layer.weight.linear)
+    for y in (first, second):
         assert torch.equal(y.view(torch.int16), expected.view(torch.int16))
 
 

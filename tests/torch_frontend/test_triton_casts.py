@@ -545,7 +545,7 @@ def test_non_power_of_two_mx_blocks_are_named():
 
 @pytest.mark.parametrize("t", [np.ones(3, np.float32), torch.ones(3, dtype=torch.float64)])
 def test_other_inputs_take_the_torch_path_which_refuses_them(t):
-    assert "not a float32/bfloat16/float16 tensor" in _problem(t, lowp.TensorScaling())
+    assert "not a dense float32/bfloat16/float16 tensor" in _problem(t, lowp.TensorScaling())
     with pytest.raises(TypeError):
         lowp_torch.quantize(t, lowp.TensorScaling())
 
