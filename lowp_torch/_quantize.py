@@ -339,6 +339,9 @@ def _in_slabs(t: torch.Tensor) -> bool:
         and not _storage.traced(t)
         and not torch.jit.is_tracing()
         and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+        # make_fx and other dispatch-mode tracers see plain CPU tensors: the slabs' data-
+        # dependent skips would be baked into their graphs
+        and torch.utils._python_dispatch._get_current_dispatch_mode() is None
     )
 
 

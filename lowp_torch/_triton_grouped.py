@@ -133,7 +133,9 @@ def launch_tokens(x: torch.Tensor, offs: torch.Tensor, scheme) -> tuple[torch.Te
     tokens, cols = x.shape
     experts = offs.shape[0]
     fmt = extend.element_format(scheme.fmt)
-    codes = torch.empty((cols, tokens), dtype=torch.uint8, device=x.device)
+    # zeros: the columns of tokens past offs[-1] (padding) belong to no group, and no
+    # GEMM reads them, but their bytes stay defined
+    codes = torch.zeros((cols, tokens), dtype=torch.uint8, device=x.device)
     element = _triton_casts._element_args(fmt, x)
     with _triton_casts._on_device(x):
         if isinstance(scheme, lowp.AxisScaling):

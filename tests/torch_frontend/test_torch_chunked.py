@@ -172,3 +172,22 @@ def test_the_input_is_not_modified():
         if _admits(scheme, tuple(x.shape)):
             lowp_torch.quantize(x, scheme, chunk_elements=16)
     assert torch.equal(x.view(torch.int32), before.view(torch.int32))
+
+
+def test_make_fx_traces_the_whole_tensor_ops_and_keeps_the_poison_rule():
+    """make_fx sees plain CPU tensors; the slab path's data-dependent skips would be
+    read off the traced input (or refused as a data-dependent value). Traced whole, the
+    graph run on an input with a NaN poisons its group as eager does."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    scheme = lowp.MXScaling(mode="rceil")
+
+    def codes_and_scales(x):
+        q = lowp_torch.quantize(x, scheme)
+        return q.codes.view(torch.uint8), q.scale.view(torch.uint8)
+
+    graph = make_fx(codes_and_scales, tracing_mode="real")(torch.randn(4, 64))
+    y = torch.randn(4, 64)
+    y[1, 3] = float("nan")
+    for got, want in zip(graph(y), codes_and_scales(y), strict=True):
+        assert torch.equal(got, want)
