@@ -8,7 +8,10 @@ shapes, the bias and output handling, which must give the general path's bytes.
 """
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")
+# the planned call runs where the Triton casts do: without triton it is never made
+pytest.importorskip("triton", reason="triton is not installed: no call is planned")
 
 import lowp
 import lowp_torch
