@@ -270,6 +270,7 @@ def test_wgrad_operand_kernels_are_the_reference_bytes_interpreted():
     assert json.loads(run.stdout.strip().splitlines()[-1]) == []
 
 
+@pytest.mark.slow  # torch.compile
 @pytest.mark.parametrize("recipe", ["float8_rowwise", "float8_rowwise_gw_hp"])
 def test_compiled_graphs_have_no_float32_grouped_mm(recipe, monkeypatch):
     """No compiled graph calls the float32 `torch._grouped_mm`. Where AOTAutograd traces
