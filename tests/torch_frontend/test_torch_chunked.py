@@ -106,7 +106,10 @@ def _reference_bytes(q: lowp.QTensor) -> tuple:
 
 
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.spec)
-@pytest.mark.parametrize("rounding", ["nearest", "seed", "bits"])
+# the given-bits cases (a third of the matrix) run in the slow tier, for the fast tier's time
+@pytest.mark.parametrize(
+    "rounding", ["nearest", "seed", pytest.param("bits", marks=pytest.mark.slow)]
+)
 def test_slabs_give_the_whole_tensors_bytes(scheme, rounding, monkeypatch):
     """Every slab size (one row of groups, a few, all) gives the bytes of the whole-tensor
     ops and of the reference; stochastic bits follow each element's global index."""
