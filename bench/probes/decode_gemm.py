@@ -50,7 +50,7 @@ def row(m: int, k: int, n: int, scheme, timing) -> dict:
         ),
         "skinny": lambda: _triton_decode.skinny_scaled_mm(a, b, out_dtype=torch.bfloat16),
     }
-    measured = _timing.time_interleaved(list(calls.values()), _timing.torch_sync("cuda"), timing)
+    measured = _timing.time_interleaved(list(calls.values()), _timing.torch_sync(torch.device("cuda")), timing)
     y = calls["skinny"]().double()
     exact = a.dequantize(torch.float32).double() @ b.dequantize(torch.float32).double().T
     sqnr = float(20 * torch.log10(exact.norm() / (y - exact).norm()))
