@@ -74,6 +74,7 @@ def test_results_file_keeps_every_row(small_run):
     assert saved["meta"]["torch"]
 
 
+@pytest.mark.slow
 def test_merge_gives_the_same_summary(small_run, tmp_path):
     out, result = small_run
     merged = run.main(
@@ -88,6 +89,7 @@ def test_merge_gives_the_same_summary(small_run, tmp_path):
     assert merged["summary"] == json.loads(json.dumps(result["summary"]))
 
 
+@pytest.mark.slow
 def test_merge_replaces_a_shape_measured_again(small_run, tmp_path):
     """A later file that measured a shape again (here only its bf16 rows) replaces every
     row of that shape, so no recipe is compared with another run's bf16; the other
@@ -108,6 +110,7 @@ def test_merge_replaces_a_shape_measured_again(small_run, tmp_path):
     assert merged["sections"]["linear"]["rows"] == first["sections"]["linear"]["rows"]
 
 
+@pytest.mark.slow
 def test_merged_summary_takes_a_recipe_measured_again_over_its_own_bf16(small_run, tmp_path):
     """A later run of one recipe at a shape, with its own bf16 rows, replaces that
     recipe's ratios there, each over the later bf16; the other recipes keep theirs."""
@@ -258,6 +261,7 @@ def test_same_iters_gives_every_callable_the_largest_count(monkeypatch):
     assert [m.iters for m in _timing.time_interleaved(fns, lambda: None, timing)] == [3, 7, 5]
 
 
+@pytest.mark.slow
 def test_the_sweep_times_bf16_and_the_recipes_together(small_run):
     """Every sweep row names the variants it was timed beside (one item per shape)."""
     out, _ = small_run

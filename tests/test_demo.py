@@ -138,6 +138,7 @@ def table_rows(report: str, heading: str) -> dict[str, list[str]]:
     return rows
 
 
+@pytest.mark.slow
 @needs_everything
 def test_default_report_shows_each_check(default_run):
     out = default_run.out
@@ -154,6 +155,7 @@ def test_default_report_shows_each_check(default_run):
     assert "[" in default_run.err and "nvfp4: JAX" in default_run.err  # progress, on stderr
 
 
+@pytest.mark.slow
 @needs_everything
 def test_default_run_writes_a_png(default_run):
     data = default_run.png.read_bytes()
@@ -173,6 +175,7 @@ def replay(default_run, monkeypatch):
     return use
 
 
+@pytest.mark.slow
 @needs_everything
 def test_json(replay, tmp_path):
     replay()
@@ -185,6 +188,7 @@ def test_json(replay, tmp_path):
     assert doc["png"] == str(tmp_path / "d.png")
 
 
+@pytest.mark.slow
 @needs_everything
 def test_a_byte_mismatch_fails_with_exit_1(replay, default_run, tmp_path):
     first = default_run.result.presets[0]
@@ -198,6 +202,7 @@ def test_a_byte_mismatch_fails_with_exit_1(replay, default_run, tmp_path):
     assert f"Byte checks FAILED for {first.preset}" in out
 
 
+@pytest.mark.slow
 @needs_everything
 def test_without_matplotlib_the_report_still_prints(replay, monkeypatch, tmp_path):
     replay()

@@ -40,6 +40,7 @@ def test_every_preset_is_reported(rows):
     assert rows["unquantized"]["ranking_preserved"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", sorted(HIGH_FIDELITY))
 def test_float8_and_mxfp8_keep_the_embeddings(rows, preset):
     row = rows[preset]
@@ -48,6 +49,7 @@ def test_float8_and_mxfp8_keep_the_embeddings(rows, preset):
     assert min(row["layer_sqnr_db"][1:]) >= 18.0, row["layer_sqnr_db"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["mxfp4", "nvfp4"])
 def test_fp4_presets_are_reported_and_nvfp4_beats_mxfp4(rows, preset):
     row = rows[preset]

@@ -269,6 +269,7 @@ def test_device_moves_and_pin_memory(scheme):
     assert torch.equal(back.dequantize(), q.dequantize())
 
 
+@pytest.mark.slow
 def test_compiled_shape_ops_match_eager():
     """A transposed, sliced weight inside torch.compile: same result as eager."""
     q = lowp_torch.quantize(W2, lowp.AxisScaling())
