@@ -455,14 +455,14 @@ def test_activation_checkpointing_gives_the_same_step():
 
 
 def _compiled_worker(rank, ranks):
-    """Loss, gradient shards and bytes sent of one step, eager, then compiled (aot_eager:
-    the graphs without Inductor's codegen, short on CPU)."""
+    """Loss, gradient shards and bytes sent of one step, eager, then compiled with
+    Inductor (torch.compile's default backend, as a user compiles)."""
     model = sharded(_model("float8_rowwise"), ranks)
     x = _data(ranks)[0, rank]
     model(x).square().mean().backward()  # a first step sets FSDP2 up
     model.zero_grad()
     runs = []
-    for run in (model, torch.compile(model, backend="aot_eager")):
+    for run in (model, torch.compile(model)):
         sent: dict = {}
         with _bytes_sent(sent):
             loss = run(x).square().mean()
@@ -473,7 +473,7 @@ def _compiled_worker(rank, ranks):
     return runs
 
 
-@pytest.mark.slow  # processes spawned, and a compile: about a minute
+@pytest.mark.slow  # processes spawned, and an Inductor compile: about 100 s
 def test_compiled_step_is_the_eager_step():
     for eager, compiled in spawn(_compiled_worker, 2):
         assert torch.equal(eager[0], compiled[0])
