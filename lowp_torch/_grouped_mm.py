@@ -90,12 +90,14 @@ def quantize_operand(t: torch.Tensor, op, sizes: torch.Tensor, name: str = "inpu
     `extend.quantize_grouped(t, op.scheme, sizes, op.kind)` (spec §10).
 
     t: (T, C) token-major for "rows" and "tokens" (whose operand is t.T), (E, R, C) for
-    "experts". Codes come back in the operand's shape (a transposed view for tokens on
+    "experts", which may be the transposed view of a contiguous (E, C, R) (the dgrad's
+    w.T). Codes come back in the operand's shape (a transposed view for tokens on
     torch ops, contiguous from the Triton kernels). offs: the int32 end offsets
     `sizes` came from, if the caller has them (the Triton kernels read them).
 
     Rows and experts go through `lowp_torch.quantize` (the dense fused Triton casts on
-    CUDA: a row's scale does not depend on the groups); tokens through
+    CUDA: a row's scale does not depend on the groups; w.T's from w itself, the codes
+    written (E, K, N) contiguous, `_triton_casts.transposed_source`); tokens through
     `_triton_grouped` where `_tokens_problem` finds nothing against it, else the
     segment-max pairs below.
     """
@@ -382,7 +384,8 @@ class _GroupedMMFunction(torch.autograd.Function):
                 dx = _grouped_f32(dy.float(), w.float().transpose(-2, -1), offs).to(x.dtype)
             else:
                 a = quantize_operand(dy, plan.dgrad.a, sizes, f"{name} dgrad: dy", offs)
-                wt = w.transpose(-2, -1).contiguous()
+                # a view: the casts read w itself (`_triton_casts.transposed_source`)
+                wt = w.transpose(-2, -1)
                 b = quantize_operand(wt, plan.dgrad.b, sizes, f"{name} dgrad: w.T", offs)
                 dx = _product(plan.dgrad, a, b, sizes, offs, aligned, x.dtype, kernel, name)
         if ctx.needs_input_grad[1]:
@@ -455,7 +458,7 @@ def grouped_operands(x, w, g, offs, recipe) -> dict:
     _check(x, w, offs, "grouped_operands")
     plan = extend.GroupedPlan.of(lowp.Recipe.of(recipe))
     sizes = group_sizes(offs, x.shape[0])
-    tensors = {"x": x, "w": w, "g": g, "w.T": w.transpose(-2, -1).contiguous(), "g.T": g, "x.T": x}
+    tensors = {"x": x, "w": w, "g": g, "w.T": w.transpose(-2, -1), "g.T": g, "x.T": x}
     out: dict = {}
     for name in ("forward", "dgrad", "wgrad"):
         gemm = getattr(plan, name)

@@ -229,6 +229,24 @@ for sizes in {sizes}:
             if not (np.array_equal(codes.contiguous().view(torch.uint8).numpy(), ref.codes)
                     and np.array_equal(got_scale, np.ascontiguousarray(ref.scale).view(np.uint8))):
                 bad.append([sizes, str(dtype), scheme.spec])
+# the dgrad's w.T, cast from w (E, N, K) in place: codes (E, K, N) contiguous
+for e, n, k in ((1, 1, 1), (3, 70, 33), (4, 130, 18), (2, 0, 8), (2, 8, 0)):
+    for scheme in (lowp.AxisScaling("float8_e4m3fn", -1, pow2=True), lowp.AxisScaling("float8_e5m2", -1),
+                   lowp.MXScaling("float8_e4m3fn", block=2), lowp.MXScaling("float8_e5m2", block=2, mode="ceil")):
+        if isinstance(scheme, lowp.MXScaling) and n % 2:
+            continue
+        g = torch.Generator().manual_seed(n * k + e)
+        w = (torch.randn(e, n, k, generator=g) * 3).to(torch.bfloat16)
+        if w.numel() > 10:
+            w[e - 1, n // 2, 3] = float("nan")  # poisons one column group of the last expert
+        op = extend.GroupedOperand("w.T", "experts", scheme)
+        with lowp_torch.cast_kernels("triton"):
+            codes, scale = _grouped_mm.quantize_operand(w.transpose(-2, -1), op, torch.ones(e, dtype=torch.int64))
+        ref = extend.quantize_grouped(w.transpose(-2, -1).float().numpy().astype(ml_dtypes.bfloat16), scheme, [1] * e, "experts")
+        got_scale = scale.contiguous().view(torch.uint8).numpy() if scale.dtype != torch.float32 else scale.contiguous().numpy().view(np.uint8)
+        if not (codes.is_contiguous() and np.array_equal(codes.view(torch.uint8).numpy(), ref.codes)
+                and np.array_equal(got_scale, np.ascontiguousarray(ref.scale).view(np.uint8))):
+            bad.append(["w.T", [e, n, k], scheme.spec])
 # the codes reach the GEMMs as codes: the whole layer's gradients equal the torch path's
 sizes = [0, 20, 12, 33]
 g = torch.Generator().manual_seed(1)
@@ -250,7 +268,9 @@ print(json.dumps(bad))
 @pytest.mark.slow
 def test_wgrad_operand_kernels_are_the_reference_bytes_interpreted():
     """Empty experts, one token, all in one expert, groups not a multiple of the block
-    (or of the kernels' 64-token tiles), NaN in one expert: the bytes of the reference."""
+    (or of the kernels' 64-token tiles), NaN in one expert: the bytes of the reference;
+    and the dgrad's w.T cast from w in place (empty and one-element experts, dims off
+    the 64 x 64 tiles, NaN in one expert)."""
     import importlib.util
     import json
     import os
