@@ -14,7 +14,9 @@ and an expert without tokens just stores its empty groups' scales.
 The arithmetic is the dense casts' (`_triton_kernels`: `_float_scale`, `_mx_scale`,
 `_encode`), so the bytes are `lowp.extend.quantize_grouped`'s; an expert's short last
 MX block reads zeros in its masked lanes, which is the reference's zero padding.
-MX scale slots past the last expert's blocks hold the scale of an all-zero block, 0.
+MX scale slots past the last expert's blocks hold the scale of an all-zero block, 0,
+and the codes of tokens past the last expert's (padding, where offs ends before T)
+are 0, written by `tokens_tail_kernel` rather than by zero-filling every code first.
 """
 
 import torch
@@ -125,6 +127,46 @@ def tokens_mx_kernel(
         t0 += GROUP
 
 
+@triton.jit
+def tokens_tail_kernel(
+    codes_ptr,
+    offs_ptr,
+    experts,
+    T,
+    C,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Zero codes (C, T) for the tokens past the last expert's, offs[E - 1] <= t < T,
+    features program_id(0) * BLOCK_C...: padding no group holds and no GEMM reads,
+    whose bytes stay defined. No program has work when the experts end at T."""
+    c = tl.program_id(0).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_mask = c < C
+    t0 = tl.load(offs_ptr + experts - 1).to(tl.int64)
+    while t0 < T:
+        t = t0 + tl.arange(0, BLOCK_T).to(tl.int64)
+        mask = (t < T)[:, None] & c_mask[None, :]
+        zeros = tl.zeros([BLOCK_T, BLOCK_C], tl.uint8)
+        tl.store(codes_ptr + c[None, :] * T + t[:, None], zeros, mask=mask)
+        t0 += BLOCK_T
+
+
+def _codes(tokens: int, cols: int, offs: torch.Tensor, device) -> torch.Tensor:
+    """The codes buffer (C, T), its columns past the last expert's tokens zeroed on the
+    device (`tokens_tail_kernel`: no host read of offs, and no fill of the whole
+    buffer the casts then overwrite)."""
+    experts = offs.shape[0]
+    if not experts:
+        return torch.zeros((cols, tokens), dtype=torch.uint8, device=device)
+    codes = torch.empty((cols, tokens), dtype=torch.uint8, device=device)
+    block_t, block_c = _TILE_FLOAT
+    if cols and tokens:
+        tokens_tail_kernel[(triton.cdiv(cols, block_c),)](
+            codes, offs, experts, tokens, cols, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=4
+        )
+    return codes
+
+
 def launch_tokens(x: torch.Tensor, offs: torch.Tensor, scheme) -> tuple[torch.Tensor, torch.Tensor]:
     """(uint8 codes (C, T), scales) of x (T, C) scaled along each expert's tokens:
     float32 (E, C) for AxisScaling (the reference's (C, E), transposed), e8m0 bytes
@@ -133,11 +175,11 @@ def launch_tokens(x: torch.Tensor, offs: torch.Tensor, scheme) -> tuple[torch.Te
     tokens, cols = x.shape
     experts = offs.shape[0]
     fmt = extend.element_format(scheme.fmt)
-    # zeros: the columns of tokens past offs[-1] (padding) belong to no group, and no
-    # GEMM reads them, but their bytes stay defined
-    codes = torch.zeros((cols, tokens), dtype=torch.uint8, device=x.device)
     element = _triton_casts._element_args(fmt, x)
     with _triton_casts._on_device(x):
+        # the columns of tokens past offs[-1] (padding) belong to no group, and no GEMM
+        # reads them, but their bytes stay defined: zeros
+        codes = _codes(tokens, cols, offs, x.device)
         if isinstance(scheme, lowp.AxisScaling):
             scale = torch.empty((experts, cols), dtype=torch.float32, device=x.device)
             block_t, block_c = _TILE_FLOAT

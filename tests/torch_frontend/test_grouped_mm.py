@@ -247,6 +247,18 @@ for e, n, k in ((1, 1, 1), (3, 70, 33), (4, 130, 18), (2, 0, 8), (2, 8, 0)):
         if not (codes.is_contiguous() and np.array_equal(codes.view(torch.uint8).numpy(), ref.codes)
                 and np.array_equal(got_scale, np.ascontiguousarray(ref.scale).view(np.uint8))):
             bad.append(["w.T", [e, n, k], scheme.spec])
+# tokens past offs[-1] (no group holds them) get code 0, whatever the buffer held
+from lowp_torch import _triton_grouped
+for scheme in (lowp.AxisScaling("float8_e4m3fn", -1), lowp.MXScaling("float8_e4m3fn", block=32)):
+    for sizes, tokens in (([5, 0, 70], 140), ([0], 3), ([3, 4], 7)):
+        torch.full((70, tokens), 255, dtype=torch.uint8)  # garbage for empty() to reuse
+        t = torch.randn(tokens, 70, generator=torch.Generator().manual_seed(tokens))
+        offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32)
+        codes, _ = _triton_grouped.launch_tokens(t, offs, scheme)
+        end = sum(sizes)
+        ref = extend.quantize_grouped(t[:end].numpy(), scheme, sizes, "tokens")
+        if not (np.array_equal(codes[:, :end].numpy(), ref.codes) and not codes[:, end:].any()):
+            bad.append(["padding", sizes, tokens, scheme.spec])
 # the codes reach the GEMMs as codes: the whole layer's gradients equal the torch path's
 sizes = [0, 20, 12, 33]
 g = torch.Generator().manual_seed(1)
@@ -269,8 +281,9 @@ print(json.dumps(bad))
 def test_wgrad_operand_kernels_are_the_reference_bytes_interpreted():
     """Empty experts, one token, all in one expert, groups not a multiple of the block
     (or of the kernels' 64-token tiles), NaN in one expert: the bytes of the reference;
-    and the dgrad's w.T cast from w in place (empty and one-element experts, dims off
-    the 64 x 64 tiles, NaN in one expert)."""
+    the tokens past the last expert's (padding) zero; and the dgrad's w.T cast from w
+    in place (empty and one-element experts, dims off the 64 x 64 tiles, NaN in one
+    expert)."""
     import importlib.util
     import json
     import os
