@@ -349,3 +349,31 @@ def test_wgrad_operand_kernels_on_cuda_are_the_reference_bytes(recipe, sizes):
     np.testing.assert_array_equal(
         _bytes(scale.cpu()), np.ascontiguousarray(ref.scale).view(np.uint8)
     )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernels run on CUDA")
+@pytest.mark.parametrize("recipe", ["float8_rowwise", "mxfp8"])
+def test_dgrad_weight_cast_on_cuda_is_the_reference_bytes(recipe):
+    """The dgrad's w.T, cast on the GPU from w (E, N, K) in place (no transposing copy),
+    against the NumPy reference of w.T, at dims spanning many 64 x 64 tiles."""
+    from lowp_torch import _triton_casts
+
+    g = torch.Generator().manual_seed(4)
+    w = (torch.randn(3, 320, 224, generator=g) * 0.1).to(torch.bfloat16)
+    w[1, 17, 5] = float("nan")
+    op = extend.GroupedPlan.of(lowp.Recipe.from_name(recipe)).dgrad.b
+    wt = w.cuda().transpose(-2, -1)
+    assert _triton_casts.transposed_source(wt, op.scheme) is not None
+    with lowp_torch.cast_kernels("triton"):
+        codes, scale = _grouped_mm.quantize_operand(wt, op, torch.ones(3, device="cuda"))
+    ref = extend.quantize_grouped(
+        w.transpose(-2, -1).float().numpy().astype(ml_dtypes.bfloat16),
+        op.scheme,
+        [1] * 3,
+        "experts",
+    )
+    assert codes.is_contiguous()
+    np.testing.assert_array_equal(_bytes(codes.cpu()), ref.codes)
+    np.testing.assert_array_equal(
+        _bytes(scale.cpu()), np.ascontiguousarray(ref.scale).view(np.uint8)
+    )
