@@ -191,6 +191,35 @@ def _tokens_on_triton(t: torch.Tensor, scheme, offs: torch.Tensor):
     return codes, scale.t()
 
 
+def _dy_operands(dy: torch.Tensor, plan, sizes, offs, name: str) -> dict:
+    """{"dgrad": (codes, scale), "wgrad": (codes, scale)}: dy quantized as the dgrad's
+    rows and the wgrad's tokens (`quantize_operand` of each), from one pass of
+    `_triton_grouped.launch_rows_and_tokens` where both GEMMs take dy with the same
+    AxisScaling on the Triton casts in eager mode (float8_rowwise's), else apart."""
+    scheme = plan.dgrad.a.scheme
+    fused = (
+        plan.wgrad.a.scheme == scheme
+        and isinstance(scheme, lowp.AxisScaling)
+        and dy.shape[0] > 0
+        and dy.shape[1] > 0
+        and not _storage.traced(dy)
+        and _tokens_problem(dy, scheme, f"{name} dgrad and wgrad: dy") is None
+    )
+    if not fused:
+        return {
+            "dgrad": quantize_operand(dy, plan.dgrad.a, sizes, f"{name} dgrad: dy", offs),
+            "wgrad": quantize_operand(dy, plan.wgrad.a, sizes, f"{name} wgrad: dy.T", offs),
+        }
+    from lowp_torch import _triton_grouped  # imports triton: only when it runs
+
+    code_dtype = _storage.CODE_DTYPES[scheme.fmt]
+    rows, tokens = _triton_grouped.launch_rows_and_tokens(dy.detach(), offs, scheme)
+    return {
+        "dgrad": (_storage.as_stored(rows[0], code_dtype), rows[1].reshape(-1, 1)),
+        "wgrad": (_storage.as_stored(tokens[0], code_dtype), tokens[1].t()),
+    }
+
+
 @torch.library.custom_op("lowp::triton_grouped_tokens", mutates_args=())
 def _tokens_op(
     x: torch.Tensor, offs: torch.Tensor, scheme: str
@@ -379,11 +408,19 @@ class _GroupedMMFunction(torch.autograd.Function):
         plan, kernel, name, aligned = ctx.plan, ctx.kernel, ctx.name, ctx.aligned
         dy = dy.contiguous()
         dx = dw = None
+        both = ctx.needs_input_grad[0] and ctx.needs_input_grad[1]
+        dy_ops = (
+            _dy_operands(dy, plan, sizes, offs, name)
+            if both and plan.dgrad is not None and plan.wgrad is not None
+            else {}
+        )
         if ctx.needs_input_grad[0]:
             if plan.dgrad is None:
                 dx = _grouped_f32(dy.float(), w.float().transpose(-2, -1), offs).to(x.dtype)
             else:
-                a = quantize_operand(dy, plan.dgrad.a, sizes, f"{name} dgrad: dy", offs)
+                a = dy_ops.get("dgrad") or quantize_operand(
+                    dy, plan.dgrad.a, sizes, f"{name} dgrad: dy", offs
+                )
                 # a view: the casts read w itself (`_triton_casts.transposed_source`)
                 wt = w.transpose(-2, -1)
                 b = quantize_operand(wt, plan.dgrad.b, sizes, f"{name} dgrad: w.T", offs)
@@ -392,7 +429,9 @@ class _GroupedMMFunction(torch.autograd.Function):
             if plan.wgrad is None:
                 dw = _grouped_wgrad_f32(dy.float(), x.float(), offs).to(w.dtype)
             else:
-                a = quantize_operand(dy, plan.wgrad.a, sizes, f"{name} wgrad: dy.T", offs)
+                a = dy_ops.get("wgrad") or quantize_operand(
+                    dy, plan.wgrad.a, sizes, f"{name} wgrad: dy.T", offs
+                )
                 b = quantize_operand(x, plan.wgrad.b, sizes, f"{name} wgrad: x.T", offs)
                 dw = _product(plan.wgrad, a, b, sizes, offs, aligned, w.dtype, kernel, name)
         return dx, dw, None, None, None, None

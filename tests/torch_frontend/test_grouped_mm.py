@@ -259,6 +259,31 @@ for scheme in (lowp.AxisScaling("float8_e4m3fn", -1), lowp.MXScaling("float8_e4m
         ref = extend.quantize_grouped(t[:end].numpy(), scheme, sizes, "tokens")
         if not (np.array_equal(codes[:, :end].numpy(), ref.codes) and not codes[:, end:].any()):
             bad.append(["padding", sizes, tokens, scheme.spec])
+# dy's two casts (dgrad rows, wgrad tokens) from one pass, as float8_rowwise's backward takes them
+plan = extend.GroupedPlan.of(lowp.Recipe.from_name("float8_rowwise"))
+launch = _triton_grouped.launch_rows_and_tokens
+fused = []
+_triton_grouped.launch_rows_and_tokens = lambda *a: fused.append(1) or launch(*a)
+for sizes in {sizes}:
+    for dtype in (torch.float32, torch.bfloat16):
+        g = torch.Generator().manual_seed(len(sizes) + 7)
+        dy = (torch.randn(sum(sizes), 70, generator=g) * 4).to(dtype)
+        if sum(sizes) > 10:
+            dy[sum(sizes) - 3, 5] = float("nan")  # poisons a row, and a group of the last expert
+        offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32)
+        with lowp_torch.cast_kernels("triton"):
+            ops = _grouped_mm._dy_operands(dy, plan, _grouped_mm.group_sizes(offs, sum(sizes)), offs, "dy")
+        hp = dy.float().numpy().astype(ml_dtypes.bfloat16 if dtype == torch.bfloat16 else np.float32)
+        for gemm, kind in (("dgrad", "rows"), ("wgrad", "tokens")):
+            codes, scale = ops[gemm]
+            ref = extend.quantize_grouped(hp, plan.dgrad.a.scheme, sizes, kind)
+            if not (np.array_equal(codes.contiguous().view(torch.uint8).numpy(), ref.codes)
+                    and np.array_equal(scale.contiguous().numpy().view(np.uint8), np.ascontiguousarray(ref.scale).view(np.uint8))
+                    and scale.shape == ref.scale.shape):
+                bad.append(["dy", gemm, sizes, str(dtype)])
+_triton_grouped.launch_rows_and_tokens = launch
+if len(fused) != 2 * len([s for s in {sizes} if sum(s)]):
+    bad.append(["dy casts not fused", len(fused)])
 # the codes reach the GEMMs as codes: the whole layer's gradients equal the torch path's
 sizes = [0, 20, 12, 33]
 g = torch.Generator().manual_seed(1)
@@ -281,9 +306,9 @@ print(json.dumps(bad))
 def test_wgrad_operand_kernels_are_the_reference_bytes_interpreted():
     """Empty experts, one token, all in one expert, groups not a multiple of the block
     (or of the kernels' 64-token tiles), NaN in one expert: the bytes of the reference;
-    the tokens past the last expert's (padding) zero; and the dgrad's w.T cast from w
-    in place (empty and one-element experts, dims off the 64 x 64 tiles, NaN in one
-    expert)."""
+    the tokens past the last expert's (padding) zero; dy's rows and tokens casts from one
+    pass (float8_rowwise's backward); and the dgrad's w.T cast from w in place (empty
+    and one-element experts, dims off the 64 x 64 tiles, NaN in one expert)."""
     import importlib.util
     import json
     import os
@@ -377,3 +402,28 @@ def test_dgrad_weight_cast_on_cuda_is_the_reference_bytes(recipe):
     np.testing.assert_array_equal(
         _bytes(scale.cpu()), np.ascontiguousarray(ref.scale).view(np.uint8)
     )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernels run on CUDA")
+@pytest.mark.parametrize("sizes", [[0, 5, 40, 1, 18, 0, 33], [2048] * 8, [0, 4000, 96, 0]])
+def test_fused_dy_casts_on_cuda_are_the_reference_bytes(sizes):
+    """float8_rowwise's backward casts dy for the dgrad (rows) and the wgrad (tokens) in
+    one pass on the GPU: each the NumPy reference's bytes."""
+    g = torch.Generator().manual_seed(5)
+    dy = (torch.randn(sum(sizes), 320, generator=g) * 5).to(torch.bfloat16)
+    dy[sum(sizes) // 2, 7] = float("nan")
+    offs = _offs(sizes).cuda()
+    plan = extend.GroupedPlan.of(lowp.Recipe.from_name("float8_rowwise"))
+    with lowp_torch.cast_kernels("triton"):
+        ops = _grouped_mm._dy_operands(
+            dy.cuda(), plan, _grouped_mm.group_sizes(offs, sum(sizes)), offs, "dy"
+        )
+    hp = dy.float().numpy().astype(ml_dtypes.bfloat16)
+    for gemm, kind in (("dgrad", "rows"), ("wgrad", "tokens")):
+        codes, scale = ops[gemm]
+        ref = extend.quantize_grouped(hp, plan.dgrad.a.scheme, sizes, kind)
+        np.testing.assert_array_equal(_bytes(codes.cpu()), ref.codes, err_msg=gemm)
+        assert tuple(scale.shape) == ref.scale.shape
+        np.testing.assert_array_equal(
+            _bytes(scale.cpu()), np.ascontiguousarray(ref.scale).view(np.uint8), err_msg=gemm
+        )

@@ -299,9 +299,10 @@ def _interpreter_main(shard: int):
 
 def _ptx_variants(native: bool) -> dict:
     """name -> (kernel, signature, constexprs, the fp8 conversion it makes or None,
-    whether it divides). Every kernel of `_triton_kernels` appears: compiling them is
+    whether it divides). Every kernel of `_triton_kernels` and `_triton_grouped` appears: compiling them is
     also what catches code the interpreter accepts and Triton does not."""
     from lowp_torch import _triton_casts
+    from lowp_torch import _triton_grouped as G
     from lowp_torch import _triton_kernels as K
 
     def fmt(name):
@@ -319,6 +320,7 @@ def _ptx_variants(native: bool) -> dict:
     mx_consts = {"GROUP": 32, "MODE": 2, "EMAX": 8, "MAX_MANTISSA": 0x600000}
     both = {"ROWS": True, "COLS": True}
     amax = {"x_ptr": "*bf16", "row_amax_ptr": "*i32", "col_amax_ptr": "*i32"} | grid
+    tokens = {"x_ptr": "*bf16", "offs_ptr": "*i32"}
     return {
         "tensor-amax": (
             K.tensor_amax_kernel,
@@ -385,11 +387,54 @@ def _ptx_variants(native: bool) -> dict:
             "e4m3",
             False,
         ),
+        # the grouped operands' kernels (`_triton_grouped`)
+        "grouped-tokens": (
+            G.tokens_axis_kernel,
+            tokens | {"codes_ptr": "*u8", "scale_ptr": "*fp32", "T": "i32", "C": "i32"},
+            {"POW2": True, "BLOCK_T": 64, "BLOCK_C": 64} | fmt(E4M3),
+            "e4m3",
+            True,
+        ),
+        "grouped-tokens-mx": (
+            G.tokens_mx_kernel,
+            tokens
+            | {"slots_ptr": "*i64", "codes_ptr": "*u8", "scale_ptr": "*u8"}
+            | {"T": "i32", "C": "i32", "capacity": "i32"},
+            mx_consts | {"BLOCK_C": 64} | fmt(E4M3),
+            "e4m3",
+            False,
+        ),
+        "grouped-rows-tokens-amax": (
+            G.rows_tokens_amax_kernel,
+            tokens | {"row_amax_ptr": "*i32", "col_amax_ptr": "*i32", "C": "i32"},
+            {"BLOCK_T": 64, "BLOCK_C": 64},
+            None,
+            False,
+        ),
+        "grouped-rows-tokens": (
+            G.rows_tokens_cast_kernel,
+            tokens
+            | {"row_amax_ptr": "*i32", "row_codes_ptr": "*u8", "row_scale_ptr": "*fp32"}
+            | {"col_amax_ptr": "*i32", "col_codes_ptr": "*u8", "col_scale_ptr": "*fp32"}
+            | {"T": "i32", "C": "i32"},
+            {"POW2": True, "BLOCK_T": 64, "BLOCK_C": 64} | fmt(E4M3),
+            "e4m3",
+            True,
+        ),
+        "grouped-tail": (
+            G.tokens_tail_kernel,
+            {"codes_ptr": "*u8", "offs_ptr": "*i32", "experts": "i32", "T": "i32", "C": "i32"},
+            {"BLOCK_T": 64, "BLOCK_C": 64},
+            None,
+            False,
+        ),
     }
 
 
 PTX_VARIANTS = ["tensor-amax", "tensor-e4m3", "tensor-e5m2-pow2", "rows-one-pass"]
 PTX_VARIANTS += ["rows-chunked", "axis-amax-both", "axis-both", "block-tiles", "mx-both"]
+PTX_VARIANTS += ["grouped-tokens", "grouped-rows-tokens-amax", "grouped-rows-tokens"]
+PTX_VARIANTS += ["grouped-tokens-mx", "grouped-tail"]
 
 
 @pytest.mark.slow
