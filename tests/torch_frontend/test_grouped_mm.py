@@ -427,3 +427,73 @@ def test_fused_dy_casts_on_cuda_are_the_reference_bytes(sizes):
         np.testing.assert_array_equal(
             _bytes(scale.cpu()), np.ascontiguousarray(ref.scale).view(np.uint8), err_msg=gemm
         )
+
+
+# The eager CUDA path of float8_rowwise on the CPU: Triton casts under the interpreter,
+# `torch._scaled_grouped_mm` stubbed (it records its operands' layouts).
+_CUDA_PATH = """
+import json, numpy as np, torch, lowp_torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from lowp_torch import _grouped_mm
+
+gemms = []
+def scaled_grouped_mm(a, b, sa, sb, offs=None, out_dtype=None, use_fast_accum=False):
+    gemms.append([list(a.stride()), list(b.stride()), sa.is_contiguous(), sb.is_contiguous()])
+    if b.dim() == 3:
+        return torch.zeros(a.shape[0], b.shape[-1], dtype=out_dtype)
+    return torch.zeros(offs.shape[0], a.shape[0], b.shape[1], dtype=out_dtype)
+torch._scaled_grouped_mm = scaled_grouped_mm
+_grouped_mm._scaled_grouped_problem = lambda *args: None
+
+class Copies(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import traceback
+        if func._opname in ("clone", "copy_", "_to_copy") and not any(
+            "interpreter.py" in f.filename for f in traceback.extract_stack()
+        ):  # the interpreter's own copies of kernel arguments are no copies on CUDA
+            self.sizes.append(max(a.numel() for a in args if isinstance(a, torch.Tensor)))
+        return func(*args, **(kwargs or {}))
+
+sizes = [0, 32, 16, 80]
+g = torch.Generator().manual_seed(0)
+x = torch.randn(128, 64, generator=g).bfloat16().requires_grad_()
+w = (torch.randn(4, 48, 64, generator=g) * 0.1).bfloat16().requires_grad_()
+dy = torch.randn(128, 48, generator=g).bfloat16()
+offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32)
+with lowp_torch.cast_kernels("triton"), Copies() as copies:
+    lowp_torch.grouped_mm(x, w, offs).backward(dy)
+print(json.dumps({"gemms": gemms, "copies": copies.sizes}))
+"""
+
+
+@pytest.mark.slow
+def test_eager_cuda_path_copies_nothing_and_passes_the_fast_layouts():
+    """float8_rowwise's eager CUDA path, run on the CPU: no copy of an operand on the
+    way (the one copy is offs to the host), and each GEMM gets a row-major a and a
+    column-major b (torchao 0.18's `_Float8GroupedMM` layouts), contiguous scales."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
+    run = subprocess.run(
+        [sys.executable, "-c", _CUDA_PATH], check=False, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["copies"] == [4], result  # offs (E,) to the host, once
+    t, k, n = 128, 64, 48
+    assert result["gemms"] == [
+        [[k, 1], [n * k, 1, k], True, True],  # forward: x (T, K); w.T (E, K, N) column-major
+        [[n, 1], [k * n, 1, n], True, True],  # dgrad: dy (T, N); w (E, N, K) column-major
+        [[t, 1], [1, t], True, True],  # wgrad: dy.T (N, T); x (T, K) column-major
+    ]
