@@ -498,17 +498,20 @@ def grouped_operands(x, w, g, offs, recipe) -> dict:
     plan = extend.GroupedPlan.of(lowp.Recipe.of(recipe))
     sizes = group_sizes(offs, x.shape[0])
     tensors = {"x": x, "w": w, "g": g, "w.T": w.transpose(-2, -1), "g.T": g, "x.T": x}
+    # g's two operands as the backward makes them, both at once where it does
+    g_ops = (
+        _dy_operands(g.contiguous(), plan, sizes, offs, "grouped_operands")
+        if plan.dgrad is not None and plan.wgrad is not None
+        else {}
+    )
     out: dict = {}
     for name in ("forward", "dgrad", "wgrad"):
         gemm = getattr(plan, name)
-        out[name] = (
-            None
-            if gemm is None
-            else tuple(
-                quantize_operand(tensors[op.tensor], op, sizes, offs=offs)
-                for op in (gemm.a, gemm.b)
-            )
-        )
+        if gemm is None:
+            out[name] = None
+            continue
+        a = g_ops.get(name) or quantize_operand(tensors[gemm.a.tensor], gemm.a, sizes, offs=offs)
+        out[name] = (a, quantize_operand(tensors[gemm.b.tensor], gemm.b, sizes, offs=offs))
     return out
 
 
