@@ -1,5 +1,5 @@
-"""The Triton casts as custom ops, for torch.compile: `lowp::triton_quantize` and
-`lowp::triton_quantize_both`.
+"""The Triton casts as custom ops, for torch.compile: `lowp::triton_quantize`,
+`lowp::triton_quantize_transposed` and `lowp::triton_quantize_both`.
 
 A traced tensor cannot launch a kernel, and a plain call would break the graph: a
 compiled graph calls these ops instead, which launch `_triton_casts`' kernels at run
@@ -48,6 +48,24 @@ def _quantize_op(x: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Tens
 def _(x, scheme):
     s = scheme_of_key(scheme)
     return torch.empty_like(x, dtype=torch.uint8), _scale_buffer(x, s, tuple(x.shape))
+
+
+@torch.library.custom_op("lowp::triton_quantize_transposed", mutates_args=())
+def _quantize_transposed_op(source: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 codes, flat scales) of source.transpose(-2, -1), as
+    `_triton_casts._launch_transposed` gives them: codes (..., C, R) contiguous."""
+    from lowp_torch import _triton_casts  # imports triton
+
+    s, source = scheme_of_key(scheme), source.contiguous()
+    with _triton_casts._on_device(source):
+        return _triton_casts._launch_transposed(source, s, extend.element_format(s.fmt))
+
+
+@_quantize_transposed_op.register_fake
+def _(source, scheme):
+    s = scheme_of_key(scheme)
+    shape = tuple(source.shape[:-2]) + (source.shape[-1], source.shape[-2])
+    return source.new_empty(shape, dtype=torch.uint8), _scale_buffer(source, s, shape)
 
 
 @torch.library.custom_op("lowp::triton_quantize_both", mutates_args=())

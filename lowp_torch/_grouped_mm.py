@@ -90,12 +90,14 @@ def quantize_operand(t: torch.Tensor, op, sizes: torch.Tensor, name: str = "inpu
     `extend.quantize_grouped(t, op.scheme, sizes, op.kind)` (spec §10).
 
     t: (T, C) token-major for "rows" and "tokens" (whose operand is t.T), (E, R, C) for
-    "experts". Codes come back in the operand's shape (a transposed view for tokens on
+    "experts", which may be the transposed view of a contiguous (E, C, R) (the dgrad's
+    w.T). Codes come back in the operand's shape (a transposed view for tokens on
     torch ops, contiguous from the Triton kernels). offs: the int32 end offsets
     `sizes` came from, if the caller has them (the Triton kernels read them).
 
     Rows and experts go through `lowp_torch.quantize` (the dense fused Triton casts on
-    CUDA: a row's scale does not depend on the groups); tokens through
+    CUDA: a row's scale does not depend on the groups; w.T's from w itself, the codes
+    written (E, K, N) contiguous, `_triton_casts.transposed_source`); tokens through
     `_triton_grouped` where `_tokens_problem` finds nothing against it, else the
     segment-max pairs below.
     """
@@ -187,6 +189,35 @@ def _tokens_on_triton(t: torch.Tensor, scheme, offs: torch.Tensor):
     if isinstance(scheme, lowp.MXScaling):
         return codes, _storage.as_stored(scale, torch.float8_e8m0fnu)
     return codes, scale.t()
+
+
+def _dy_operands(dy: torch.Tensor, plan, sizes, offs, name: str) -> dict:
+    """{"dgrad": (codes, scale), "wgrad": (codes, scale)}: dy quantized as the dgrad's
+    rows and the wgrad's tokens (`quantize_operand` of each), from one pass of
+    `_triton_grouped.launch_rows_and_tokens` where both GEMMs take dy with the same
+    AxisScaling on the Triton casts in eager mode (float8_rowwise's), else apart."""
+    scheme = plan.dgrad.a.scheme
+    fused = (
+        plan.wgrad.a.scheme == scheme
+        and isinstance(scheme, lowp.AxisScaling)
+        and dy.shape[0] > 0
+        and dy.shape[1] > 0
+        and not _storage.traced(dy)
+        and _tokens_problem(dy, scheme, f"{name} dgrad and wgrad: dy") is None
+    )
+    if not fused:
+        return {
+            "dgrad": quantize_operand(dy, plan.dgrad.a, sizes, f"{name} dgrad: dy", offs),
+            "wgrad": quantize_operand(dy, plan.wgrad.a, sizes, f"{name} wgrad: dy.T", offs),
+        }
+    from lowp_torch import _triton_grouped  # imports triton: only when it runs
+
+    code_dtype = _storage.CODE_DTYPES[scheme.fmt]
+    rows, tokens = _triton_grouped.launch_rows_and_tokens(dy.detach(), offs, scheme)
+    return {
+        "dgrad": (_storage.as_stored(rows[0], code_dtype), rows[1].reshape(-1, 1)),
+        "wgrad": (_storage.as_stored(tokens[0], code_dtype), tokens[1].t()),
+    }
 
 
 @torch.library.custom_op("lowp::triton_grouped_tokens", mutates_args=())
@@ -377,19 +408,30 @@ class _GroupedMMFunction(torch.autograd.Function):
         plan, kernel, name, aligned = ctx.plan, ctx.kernel, ctx.name, ctx.aligned
         dy = dy.contiguous()
         dx = dw = None
+        both = ctx.needs_input_grad[0] and ctx.needs_input_grad[1]
+        dy_ops = (
+            _dy_operands(dy, plan, sizes, offs, name)
+            if both and plan.dgrad is not None and plan.wgrad is not None
+            else {}
+        )
         if ctx.needs_input_grad[0]:
             if plan.dgrad is None:
                 dx = _grouped_f32(dy.float(), w.float().transpose(-2, -1), offs).to(x.dtype)
             else:
-                a = quantize_operand(dy, plan.dgrad.a, sizes, f"{name} dgrad: dy", offs)
-                wt = w.transpose(-2, -1).contiguous()
+                a = dy_ops.get("dgrad") or quantize_operand(
+                    dy, plan.dgrad.a, sizes, f"{name} dgrad: dy", offs
+                )
+                # a view: the casts read w itself (`_triton_casts.transposed_source`)
+                wt = w.transpose(-2, -1)
                 b = quantize_operand(wt, plan.dgrad.b, sizes, f"{name} dgrad: w.T", offs)
                 dx = _product(plan.dgrad, a, b, sizes, offs, aligned, x.dtype, kernel, name)
         if ctx.needs_input_grad[1]:
             if plan.wgrad is None:
                 dw = _grouped_wgrad_f32(dy.float(), x.float(), offs).to(w.dtype)
             else:
-                a = quantize_operand(dy, plan.wgrad.a, sizes, f"{name} wgrad: dy.T", offs)
+                a = dy_ops.get("wgrad") or quantize_operand(
+                    dy, plan.wgrad.a, sizes, f"{name} wgrad: dy.T", offs
+                )
                 b = quantize_operand(x, plan.wgrad.b, sizes, f"{name} wgrad: x.T", offs)
                 dw = _product(plan.wgrad, a, b, sizes, offs, aligned, w.dtype, kernel, name)
         return dx, dw, None, None, None, None
@@ -455,18 +497,21 @@ def grouped_operands(x, w, g, offs, recipe) -> dict:
     _check(x, w, offs, "grouped_operands")
     plan = extend.GroupedPlan.of(lowp.Recipe.of(recipe))
     sizes = group_sizes(offs, x.shape[0])
-    tensors = {"x": x, "w": w, "g": g, "w.T": w.transpose(-2, -1).contiguous(), "g.T": g, "x.T": x}
+    tensors = {"x": x, "w": w, "g": g, "w.T": w.transpose(-2, -1), "g.T": g, "x.T": x}
+    # g's two operands as the backward makes them, both at once where it does
+    g_ops = (
+        _dy_operands(g.contiguous(), plan, sizes, offs, "grouped_operands")
+        if plan.dgrad is not None and plan.wgrad is not None
+        else {}
+    )
     out: dict = {}
     for name in ("forward", "dgrad", "wgrad"):
         gemm = getattr(plan, name)
-        out[name] = (
-            None
-            if gemm is None
-            else tuple(
-                quantize_operand(tensors[op.tensor], op, sizes, offs=offs)
-                for op in (gemm.a, gemm.b)
-            )
-        )
+        if gemm is None:
+            out[name] = None
+            continue
+        a = g_ops.get(name) or quantize_operand(tensors[gemm.a.tensor], gemm.a, sizes, offs=offs)
+        out[name] = (a, quantize_operand(tensors[gemm.b.tensor], gemm.b, sizes, offs=offs))
     return out
 
 

@@ -8,6 +8,8 @@ in its own dtype; bytes moved per element for a bfloat16 input in brackets):
 | TensorScaling                         | amax pass, then cast pass [2 + 2 + 1]          |
 | AxisScaling along the last axis       | one pass over blocks of rows [2 + 1]           |
 | AxisScaling along another axis        | amax pass, then cast pass [2 + 2 + 1]          |
+| AxisScaling along the last axis of a transposed view (`transposed_source`) | the column passes of the source, codes written transposed [2 + 2 + 1] |
+| MXScaling along the last axis of a transposed view | one column pass of the source [2 + 1 + 1/32 + 2/32] |
 | MXScaling along any axis              | one pass [2 + 1 + 1/32]                        |
 | `quantize_both`, AxisScaling          | one amax pass for rows and columns, one cast pass writing both [2 + 2 + 1 + 1] |
 | `quantize_both`, MXScaling            | one pass writing both [2 + 1 + 1 + 2/32]       |
@@ -71,15 +73,58 @@ def quantize(t: torch.Tensor, scheme) -> _qtensor.QuantizedTensor:
     bfloat16 or float16 tensor on a Triton device (or under the Triton interpreter),
     that its shape suits `scheme`, and that `scheme` is one of those above.
     """
+    fmt = extend.element_format(scheme.fmt)
+    source = transposed_source(t, scheme)
+    if source is not None:  # t = source.transpose(-2, -1): no transposing copy
+        shape = tuple(t.shape)
+        if _storage.traced(source):
+            key = _cast_ops.scheme_key(scheme)
+            codes, scale = torch.ops.lowp.triton_quantize_transposed(source, key)
+        else:
+            with _on_device(source):
+                codes, scale = _launch_transposed(source, scheme, fmt)
+        return _wrap(codes, scale, scheme, shape, t.dtype, fmt)
     x = t.detach().contiguous()
     shape = tuple(x.shape)
-    fmt = extend.element_format(scheme.fmt)
     if _storage.traced(x):  # torch.compile: the same launch, as an opaque op (`_cast_ops`)
         codes, scale = torch.ops.lowp.triton_quantize(x, _cast_ops.scheme_key(scheme))
     else:
         with _on_device(x):
             codes, scale = _launch(x, shape, scheme, fmt)
     return _wrap(codes, scale, scheme, shape, t.dtype, fmt)
+
+
+def transposed_source(t: torch.Tensor, scheme) -> torch.Tensor | None:
+    """The contiguous tensor whose `transpose(-2, -1)` `t` is, where `scheme` groups t's
+    last axis (AxisScaling, MXScaling): `quantize` then reads it along its axis -2 and
+    writes t's codes contiguous (`_launch_transposed`), without first copying t into
+    its own layout (the dgrad's w.T of a stacked weight (E, N, K): a strided copy as
+    long as the cast itself). None for any other t or scheme."""
+    if t.dim() < 2 or t.is_contiguous():
+        return None
+    if not isinstance(scheme, (lowp.AxisScaling, lowp.MXScaling)):
+        return None
+    if extend.normalize_axis(scheme.axis, t.dim(), scheme) != t.dim() - 1:
+        return None
+    source = t.detach().transpose(-2, -1)
+    return source if source.is_contiguous() else None
+
+
+def _launch_transposed(source, scheme, fmt):
+    """(uint8 codes, flat scales) of source.transpose(-2, -1) quantized along its last
+    axis, from source (..., R, C) contiguous: source's column groups, the codes written
+    transposed (..., C, R) by the column kernels (COLS_T). MX scales come out (outer,
+    R / block, C) and are transposed to the plain layout here (1/block of the bytes)."""
+    shape = tuple(source.shape)
+    view = (math.prod(shape[:-2]), shape[-2], shape[-1])
+    if isinstance(scheme, lowp.AxisScaling):
+        return _axis_2d(source, view, fmt, scheme.pow2, rows=False, cols=True, cols_t=True)[1]
+    if isinstance(scheme, lowp.MXScaling):
+        codes, scale = _mx_2d(source, view, scheme, fmt, rows=False, cols=True, cols_t=True)[1]
+        outer, r, c = view
+        scale = scale.reshape(outer, r // scheme.block, c).transpose(1, 2).reshape(-1)
+        return codes, scale
+    raise TypeError(f"no transposed Triton cast for {scheme!r}")
 
 
 def _launch(x, shape, scheme, fmt):
@@ -325,7 +370,7 @@ def _block(x, shape, scheme, fmt):
 
 def _axis_2d(x, view, fmt, pow2, rows: bool, cols: bool, cols_t: bool = False):
     """[(row codes, row scales) or None, (column codes, column scales) or None]; cols_t:
-    the column codes of a 2-D view transposed, shape (C, R)."""
+    the column codes transposed (`_col_codes`)."""
     outer, r, c = view
     device = x.device
     row_amax = torch.zeros(outer * r if rows else 1, dtype=torch.int32, device=device)
@@ -389,14 +434,14 @@ def _axis_amax_2d(x, view, row_amax, col_amax, rows: bool, cols: bool) -> None:
 
 
 def _col_codes(x, view, cols: bool, cols_t: bool) -> torch.Tensor:
-    """The buffer of the column codes: x's shape, or (C, R) transposed (2-D views only)."""
+    """The buffer of the column codes: x's shape, or transposed, (C, R) for a 2-D view
+    (outer 1) and (outer, C, R) for others."""
     if not cols:
         return torch.empty(1, dtype=torch.uint8, device=x.device)
     if cols_t:
         outer, r, c = view
-        if outer != 1:
-            raise ValueError(f"transposed column codes need a 2-D view, got {view}")
-        return torch.empty((c, r), dtype=torch.uint8, device=x.device)
+        shape = (c, r) if outer == 1 else (outer, c, r)
+        return torch.empty(shape, dtype=torch.uint8, device=x.device)
     return torch.empty(x.shape, dtype=torch.uint8, device=x.device)
 
 

@@ -229,6 +229,61 @@ for sizes in {sizes}:
             if not (np.array_equal(codes.contiguous().view(torch.uint8).numpy(), ref.codes)
                     and np.array_equal(got_scale, np.ascontiguousarray(ref.scale).view(np.uint8))):
                 bad.append([sizes, str(dtype), scheme.spec])
+# the dgrad's w.T, cast from w (E, N, K) in place: codes (E, K, N) contiguous
+for e, n, k in ((1, 1, 1), (3, 70, 33), (4, 130, 18), (2, 0, 8), (2, 8, 0)):
+    for scheme in (lowp.AxisScaling("float8_e4m3fn", -1, pow2=True), lowp.AxisScaling("float8_e5m2", -1),
+                   lowp.MXScaling("float8_e4m3fn", block=2), lowp.MXScaling("float8_e5m2", block=2, mode="ceil")):
+        if isinstance(scheme, lowp.MXScaling) and n % 2:
+            continue
+        g = torch.Generator().manual_seed(n * k + e)
+        w = (torch.randn(e, n, k, generator=g) * 3).to(torch.bfloat16)
+        if w.numel() > 10:
+            w[e - 1, n // 2, 3] = float("nan")  # poisons one column group of the last expert
+        op = extend.GroupedOperand("w.T", "experts", scheme)
+        with lowp_torch.cast_kernels("triton"):
+            codes, scale = _grouped_mm.quantize_operand(w.transpose(-2, -1), op, torch.ones(e, dtype=torch.int64))
+        ref = extend.quantize_grouped(w.transpose(-2, -1).float().numpy().astype(ml_dtypes.bfloat16), scheme, [1] * e, "experts")
+        got_scale = scale.contiguous().view(torch.uint8).numpy() if scale.dtype != torch.float32 else scale.contiguous().numpy().view(np.uint8)
+        if not (codes.is_contiguous() and np.array_equal(codes.view(torch.uint8).numpy(), ref.codes)
+                and np.array_equal(got_scale, np.ascontiguousarray(ref.scale).view(np.uint8))):
+            bad.append(["w.T", [e, n, k], scheme.spec])
+# tokens past offs[-1] (no group holds them) get code 0, whatever the buffer held
+from lowp_torch import _triton_grouped
+for scheme in (lowp.AxisScaling("float8_e4m3fn", -1), lowp.MXScaling("float8_e4m3fn", block=32)):
+    for sizes, tokens in (([5, 0, 70], 140), ([0], 3), ([3, 4], 7)):
+        torch.full((70, tokens), 255, dtype=torch.uint8)  # garbage for empty() to reuse
+        t = torch.randn(tokens, 70, generator=torch.Generator().manual_seed(tokens))
+        offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32)
+        codes, _ = _triton_grouped.launch_tokens(t, offs, scheme)
+        end = sum(sizes)
+        ref = extend.quantize_grouped(t[:end].numpy(), scheme, sizes, "tokens")
+        if not (np.array_equal(codes[:, :end].numpy(), ref.codes) and not codes[:, end:].any()):
+            bad.append(["padding", sizes, tokens, scheme.spec])
+# dy's two casts (dgrad rows, wgrad tokens) from one pass, as float8_rowwise's backward takes them
+plan = extend.GroupedPlan.of(lowp.Recipe.from_name("float8_rowwise"))
+launch = _triton_grouped.launch_rows_and_tokens
+fused = []
+_triton_grouped.launch_rows_and_tokens = lambda *a: fused.append(1) or launch(*a)
+for sizes in {sizes}:
+    for dtype in (torch.float32, torch.bfloat16):
+        g = torch.Generator().manual_seed(len(sizes) + 7)
+        dy = (torch.randn(sum(sizes), 70, generator=g) * 4).to(dtype)
+        if sum(sizes) > 10:
+            dy[sum(sizes) - 3, 5] = float("nan")  # poisons a row, and a group of the last expert
+        offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32)
+        with lowp_torch.cast_kernels("triton"):
+            ops = _grouped_mm._dy_operands(dy, plan, _grouped_mm.group_sizes(offs, sum(sizes)), offs, "dy")
+        hp = dy.float().numpy().astype(ml_dtypes.bfloat16 if dtype == torch.bfloat16 else np.float32)
+        for gemm, kind in (("dgrad", "rows"), ("wgrad", "tokens")):
+            codes, scale = ops[gemm]
+            ref = extend.quantize_grouped(hp, plan.dgrad.a.scheme, sizes, kind)
+            if not (np.array_equal(codes.contiguous().view(torch.uint8).numpy(), ref.codes)
+                    and np.array_equal(scale.contiguous().numpy().view(np.uint8), np.ascontiguousarray(ref.scale).view(np.uint8))
+                    and scale.shape == ref.scale.shape):
+                bad.append(["dy", gemm, sizes, str(dtype)])
+_triton_grouped.launch_rows_and_tokens = launch
+if len(fused) != 2 * len([s for s in {sizes} if sum(s)]):
+    bad.append(["dy casts not fused", len(fused)])
 # the codes reach the GEMMs as codes: the whole layer's gradients equal the torch path's
 sizes = [0, 20, 12, 33]
 g = torch.Generator().manual_seed(1)
@@ -250,7 +305,10 @@ print(json.dumps(bad))
 @pytest.mark.slow
 def test_wgrad_operand_kernels_are_the_reference_bytes_interpreted():
     """Empty experts, one token, all in one expert, groups not a multiple of the block
-    (or of the kernels' 64-token tiles), NaN in one expert: the bytes of the reference."""
+    (or of the kernels' 64-token tiles), NaN in one expert: the bytes of the reference;
+    the tokens past the last expert's (padding) zero; dy's rows and tokens casts from one
+    pass (float8_rowwise's backward); and the dgrad's w.T cast from w in place (empty
+    and one-element experts, dims off the 64 x 64 tiles, NaN in one expert)."""
     import importlib.util
     import json
     import os
@@ -316,3 +374,126 @@ def test_wgrad_operand_kernels_on_cuda_are_the_reference_bytes(recipe, sizes):
     np.testing.assert_array_equal(
         _bytes(scale.cpu()), np.ascontiguousarray(ref.scale).view(np.uint8)
     )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernels run on CUDA")
+@pytest.mark.parametrize("recipe", ["float8_rowwise", "mxfp8"])
+def test_dgrad_weight_cast_on_cuda_is_the_reference_bytes(recipe):
+    """The dgrad's w.T, cast on the GPU from w (E, N, K) in place (no transposing copy),
+    against the NumPy reference of w.T, at dims spanning many 64 x 64 tiles."""
+    from lowp_torch import _triton_casts
+
+    g = torch.Generator().manual_seed(4)
+    w = (torch.randn(3, 320, 224, generator=g) * 0.1).to(torch.bfloat16)
+    w[1, 17, 5] = float("nan")
+    op = extend.GroupedPlan.of(lowp.Recipe.from_name(recipe)).dgrad.b
+    wt = w.cuda().transpose(-2, -1)
+    assert _triton_casts.transposed_source(wt, op.scheme) is not None
+    with lowp_torch.cast_kernels("triton"):
+        codes, scale = _grouped_mm.quantize_operand(wt, op, torch.ones(3, device="cuda"))
+    ref = extend.quantize_grouped(
+        w.transpose(-2, -1).float().numpy().astype(ml_dtypes.bfloat16),
+        op.scheme,
+        [1] * 3,
+        "experts",
+    )
+    assert codes.is_contiguous()
+    np.testing.assert_array_equal(_bytes(codes.cpu()), ref.codes)
+    np.testing.assert_array_equal(
+        _bytes(scale.cpu()), np.ascontiguousarray(ref.scale).view(np.uint8)
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernels run on CUDA")
+@pytest.mark.parametrize("sizes", [[0, 5, 40, 1, 18, 0, 33], [2048] * 8, [0, 4000, 96, 0]])
+def test_fused_dy_casts_on_cuda_are_the_reference_bytes(sizes):
+    """float8_rowwise's backward casts dy for the dgrad (rows) and the wgrad (tokens) in
+    one pass on the GPU: each the NumPy reference's bytes."""
+    g = torch.Generator().manual_seed(5)
+    dy = (torch.randn(sum(sizes), 320, generator=g) * 5).to(torch.bfloat16)
+    dy[sum(sizes) // 2, 7] = float("nan")
+    offs = _offs(sizes).cuda()
+    plan = extend.GroupedPlan.of(lowp.Recipe.from_name("float8_rowwise"))
+    with lowp_torch.cast_kernels("triton"):
+        ops = _grouped_mm._dy_operands(
+            dy.cuda(), plan, _grouped_mm.group_sizes(offs, sum(sizes)), offs, "dy"
+        )
+    hp = dy.float().numpy().astype(ml_dtypes.bfloat16)
+    for gemm, kind in (("dgrad", "rows"), ("wgrad", "tokens")):
+        codes, scale = ops[gemm]
+        ref = extend.quantize_grouped(hp, plan.dgrad.a.scheme, sizes, kind)
+        np.testing.assert_array_equal(_bytes(codes.cpu()), ref.codes, err_msg=gemm)
+        assert tuple(scale.shape) == ref.scale.shape
+        np.testing.assert_array_equal(
+            _bytes(scale.cpu()), np.ascontiguousarray(ref.scale).view(np.uint8), err_msg=gemm
+        )
+
+
+# The eager CUDA path of float8_rowwise on the CPU: Triton casts under the interpreter,
+# `torch._scaled_grouped_mm` stubbed (it records its operands' layouts).
+_CUDA_PATH = """
+import json, numpy as np, torch, lowp_torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from lowp_torch import _grouped_mm
+
+gemms = []
+def scaled_grouped_mm(a, b, sa, sb, offs=None, out_dtype=None, use_fast_accum=False):
+    gemms.append([list(a.stride()), list(b.stride()), sa.is_contiguous(), sb.is_contiguous()])
+    if b.dim() == 3:
+        return torch.zeros(a.shape[0], b.shape[-1], dtype=out_dtype)
+    return torch.zeros(offs.shape[0], a.shape[0], b.shape[1], dtype=out_dtype)
+torch._scaled_grouped_mm = scaled_grouped_mm
+_grouped_mm._scaled_grouped_problem = lambda *args: None
+
+class Copies(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import traceback
+        if func._opname in ("clone", "copy_", "_to_copy") and not any(
+            "interpreter.py" in f.filename for f in traceback.extract_stack()
+        ):  # the interpreter's own copies of kernel arguments are no copies on CUDA
+            self.sizes.append(max(a.numel() for a in args if isinstance(a, torch.Tensor)))
+        return func(*args, **(kwargs or {}))
+
+sizes = [0, 32, 16, 80]
+g = torch.Generator().manual_seed(0)
+x = torch.randn(128, 64, generator=g).bfloat16().requires_grad_()
+w = (torch.randn(4, 48, 64, generator=g) * 0.1).bfloat16().requires_grad_()
+dy = torch.randn(128, 48, generator=g).bfloat16()
+offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32)
+with lowp_torch.cast_kernels("triton"), Copies() as copies:
+    lowp_torch.grouped_mm(x, w, offs).backward(dy)
+print(json.dumps({"gemms": gemms, "copies": copies.sizes}))
+"""
+
+
+@pytest.mark.slow
+def test_eager_cuda_path_copies_nothing_and_passes_the_fast_layouts():
+    """float8_rowwise's eager CUDA path, run on the CPU: no copy of an operand on the
+    way (the one copy is offs to the host), and each GEMM gets a row-major a and a
+    column-major b (torchao 0.18's `_Float8GroupedMM` layouts), contiguous scales."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
+    run = subprocess.run(
+        [sys.executable, "-c", _CUDA_PATH], check=False, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["copies"] == [4], result  # offs (E,) to the host, once
+    t, k, n = 128, 64, 48
+    assert result["gemms"] == [
+        [[k, 1], [n * k, 1, k], True, True],  # forward: x (T, K); w.T (E, K, N) column-major
+        [[n, 1], [k * n, 1, n], True, True],  # dgrad: dy (T, N); w (E, N, K) column-major
+        [[t, 1], [1, t], True, True],  # wgrad: dy.T (N, T); x (T, K) column-major
+    ]

@@ -71,8 +71,11 @@ class Case:
     variant: "quantize" (through `lowp_torch.quantize` under cast_kernels("triton")),
     "small_tiles" (the same with SMALL_TILES), "both" (`quantize_both`, compared
     with the reference along axis -1 and along axis -2, its column codes written
-    transposed) or "both_small_tiles" (the same with SMALL_TILES: many tiles, masked
-    ones at the edges, each storing its transposed codes).
+    transposed), "both_small_tiles" (the same with SMALL_TILES: many tiles, masked
+    ones at the edges, each storing its transposed codes), "transposed" (the input a
+    transposed view of a contiguous tensor, quantized along its last axis from that
+    tensor without a copy: `_triton_casts.transposed_source`) or
+    "transposed_small_tiles".
     """
 
     config: cases.Configuration
@@ -136,6 +139,18 @@ def plan() -> list[Case]:
     for scheme in (lowp.AxisScaling(pow2=True), lowp.MXScaling(block=2, mode="rceil")):
         config = cases.Configuration(scheme, (6, 40), "bfloat16")
         out.append(Case(config, "both_small_tiles", SMALL_TILE_EDGES))
+    # Transposed views: 2-D and 3-D (a stacked weight's w.T, outer > 1), an empty one.
+    for scheme, shape in (
+        (lowp.AxisScaling(pow2=True), (6, 32)),
+        (lowp.AxisScaling(E5M2, axis=2), (3, 5, 6)),
+        (lowp.MXScaling(block=2, mode="rceil"), (3, 6, 8)),
+        (lowp.MXScaling(E5M2, block=8, mode="ceil"), (5, 16)),
+        (lowp.AxisScaling(), (0, 6)),
+    ):
+        out.append(Case(cases.Configuration(scheme, shape, "bfloat16"), "transposed"))
+    for scheme in (lowp.AxisScaling(), lowp.MXScaling(block=2, mode="floor")):
+        config = cases.Configuration(scheme, (3, 6, 40), "bfloat16")
+        out.append(Case(config, "transposed_small_tiles", SMALL_TILE_EDGES))
     return out
 
 
@@ -195,6 +210,18 @@ def run_case(case: Case, device: str) -> list[str]:
             problems += [f"axis -2: {p}" for p in _differences(x, _reference(x, along_first), cols)]
             if not cols.codes.t().is_contiguous():  # written K-major for the backward GEMMs
                 problems.append(f"axis -2 codes not transposed: strides {cols.codes.stride()}")
+        elif case.variant.startswith("transposed"):
+            t = t.transpose(-2, -1).contiguous().transpose(-2, -1)
+            spy = unittest.mock.patch.object(
+                _triton_casts, "_launch_transposed", wraps=_triton_casts._launch_transposed
+            )
+            with tiles, spy as launch, lowp_torch.cast_kernels("triton"):
+                q = lowp_torch.quantize(t, scheme)
+            problems = _differences(x, _reference(x, scheme), q)
+            if not launch.called and not t.is_contiguous():
+                problems.append("the transposed view was not read in place")
+            if not q.codes.is_contiguous():
+                problems.append(f"codes not contiguous: strides {q.codes.stride()}")
         else:
             with tiles, lowp_torch.cast_kernels("triton"):
                 q = lowp_torch.quantize(t, scheme)
@@ -272,9 +299,10 @@ def _interpreter_main(shard: int):
 
 def _ptx_variants(native: bool) -> dict:
     """name -> (kernel, signature, constexprs, the fp8 conversion it makes or None,
-    whether it divides). Every kernel of `_triton_kernels` appears: compiling them is
+    whether it divides). Every kernel of `_triton_kernels` and `_triton_grouped` appears: compiling them is
     also what catches code the interpreter accepts and Triton does not."""
     from lowp_torch import _triton_casts
+    from lowp_torch import _triton_grouped as G
     from lowp_torch import _triton_kernels as K
 
     def fmt(name):
@@ -292,6 +320,7 @@ def _ptx_variants(native: bool) -> dict:
     mx_consts = {"GROUP": 32, "MODE": 2, "EMAX": 8, "MAX_MANTISSA": 0x600000}
     both = {"ROWS": True, "COLS": True}
     amax = {"x_ptr": "*bf16", "row_amax_ptr": "*i32", "col_amax_ptr": "*i32"} | grid
+    tokens = {"x_ptr": "*bf16", "offs_ptr": "*i32"}
     return {
         "tensor-amax": (
             K.tensor_amax_kernel,
@@ -358,11 +387,54 @@ def _ptx_variants(native: bool) -> dict:
             "e4m3",
             False,
         ),
+        # the grouped operands' kernels (`_triton_grouped`)
+        "grouped-tokens": (
+            G.tokens_axis_kernel,
+            tokens | {"codes_ptr": "*u8", "scale_ptr": "*fp32", "T": "i32", "C": "i32"},
+            {"POW2": True, "BLOCK_T": 64, "BLOCK_C": 64} | fmt(E4M3),
+            "e4m3",
+            True,
+        ),
+        "grouped-tokens-mx": (
+            G.tokens_mx_kernel,
+            tokens
+            | {"slots_ptr": "*i64", "codes_ptr": "*u8", "scale_ptr": "*u8"}
+            | {"T": "i32", "C": "i32", "capacity": "i32"},
+            mx_consts | {"BLOCK_C": 64} | fmt(E4M3),
+            "e4m3",
+            False,
+        ),
+        "grouped-rows-tokens-amax": (
+            G.rows_tokens_amax_kernel,
+            tokens | {"row_amax_ptr": "*i32", "col_amax_ptr": "*i32", "C": "i32"},
+            {"BLOCK_T": 64, "BLOCK_C": 64},
+            None,
+            False,
+        ),
+        "grouped-rows-tokens": (
+            G.rows_tokens_cast_kernel,
+            tokens
+            | {"row_amax_ptr": "*i32", "row_codes_ptr": "*u8", "row_scale_ptr": "*fp32"}
+            | {"col_amax_ptr": "*i32", "col_codes_ptr": "*u8", "col_scale_ptr": "*fp32"}
+            | {"T": "i32", "C": "i32"},
+            {"POW2": True, "BLOCK_T": 64, "BLOCK_C": 64} | fmt(E4M3),
+            "e4m3",
+            True,
+        ),
+        "grouped-tail": (
+            G.tokens_tail_kernel,
+            {"codes_ptr": "*u8", "offs_ptr": "*i32", "experts": "i32", "T": "i32", "C": "i32"},
+            {"BLOCK_T": 64, "BLOCK_C": 64},
+            None,
+            False,
+        ),
     }
 
 
 PTX_VARIANTS = ["tensor-amax", "tensor-e4m3", "tensor-e5m2-pow2", "rows-one-pass"]
 PTX_VARIANTS += ["rows-chunked", "axis-amax-both", "axis-both", "block-tiles", "mx-both"]
+PTX_VARIANTS += ["grouped-tokens", "grouped-rows-tokens-amax", "grouped-rows-tokens"]
+PTX_VARIANTS += ["grouped-tokens-mx", "grouped-tail"]
 
 
 @pytest.mark.slow
@@ -729,7 +801,7 @@ torch.manual_seed(0)
 x = (torch.randn(64, 96) * torch.logspace(-3, 3, 96)).to(torch.bfloat16)
 x[3, 5] = float("nan")  # one poisoned group per scheme
 launches = []
-for name in ("_launch", "_launch_both"):
+for name in ("_launch", "_launch_both", "_launch_transposed"):
     real = getattr(_triton_casts, name)
     def counting(*args, _real=real, _name=name, **kwargs):
         launches.append(_name)
@@ -744,6 +816,10 @@ def as_bytes(t):
 def quantize(t, scheme):
     q = lowp_torch.quantize(t, scheme)
     return as_bytes(q.codes), as_bytes(q.scale)
+
+
+def quantize_transposed(t, scheme):  # a stacked weight's w.T, read in place
+    return quantize(t.reshape(2, 32, 96).transpose(-2, -1), scheme)
 
 
 def quantize_both(t, scheme):
@@ -762,11 +838,14 @@ schemes = [
 calls = [(quantize, s) for s in schemes] + [
     (quantize_both, lowp.AxisScaling(pow2=True)),
     (quantize_both, lowp.MXScaling(mode="rceil")),
+    (quantize_transposed, lowp.AxisScaling(pow2=True)),
+    (quantize_transposed, lowp.MXScaling(mode="rceil")),
 ]
 with lowp_torch.cast_kernels("triton"):
     for fn, scheme in calls:
         eager = fn(x, scheme)
         del launches[:]
+        torch._dynamo.reset()  # one code object compiled per call: no recompile limit
         # the scheme is a constant of the compiled code, as a layer's recipe is
         bound = (lambda fn, scheme: lambda t: fn(t, scheme))(fn, scheme)
         compiled = torch.compile(bound, fullgraph=True, dynamic=False, backend="aot_eager")(x)
@@ -787,17 +866,18 @@ print(json.dumps(results))
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason=NO_TRITON)
 def test_compiled_code_calls_the_triton_casts_as_custom_ops():
-    """Under torch.compile(fullgraph=True) the casts trace as `lowp::triton_quantize` and
-    `lowp::triton_quantize_both` (no graph break), and the compiled function launches the
+    """Under torch.compile(fullgraph=True) the casts trace as `lowp::triton_quantize`,
+    `lowp::triton_quantize_transposed` and `lowp::triton_quantize_both` (no graph break), and the compiled function launches the
     same kernels at run time, with the eager bytes: under the interpreter, on CPU. A
     compiled quantize_'d model under the forced mode runs too (its fake-tensor dispatch
     once raised)."""
     results = _run_interpreted(_COMPILED_CHECK, timeout=600)
-    assert len(results) == 8
+    assert len(results) == 10
     for fn, scheme, same, launches in results:
         assert same, f"{fn} {scheme}: compiled bytes differ from eager"
         if fn != "inference_model":
-            want = "_launch_both" if fn == "quantize_both" else "_launch"
+            want = {"quantize_both": "_launch_both", "quantize_transposed": "_launch_transposed"}
+            want = want.get(fn, "_launch")
             assert launches == [want], f"{fn} {scheme}: launches {launches}"
 
 
@@ -823,6 +903,14 @@ def test_custom_op_fakes_match_the_launches():
     )
     assert rows.shape == (64, 96) and cols.shape == (96, 64)
     assert row_scale.shape == (64 * 3,) and col_scale.shape == (2 * 96,)
+    w = torch.empty(4, 64, 96, dtype=torch.bfloat16, device="meta")  # read as w.T (4, 96, 64)
+    for scheme, scale in [
+        (lowp.AxisScaling(), ((4 * 96,), torch.float32)),
+        (lowp.MXScaling(), ((4 * 96 * 2,), torch.uint8)),
+    ]:
+        codes, got = torch.ops.lowp.triton_quantize_transposed(w, _cast_ops.scheme_key(scheme))
+        assert (codes.shape, codes.dtype) == ((4, 96, 64), torch.uint8)
+        assert (tuple(got.shape), got.dtype) == scale, scheme
 
 
 @pytest.mark.slow
@@ -831,7 +919,8 @@ def test_the_custom_ops_exist_once_lowp_torch_is_imported():
     lowp_torch`: the ops are registered there, not when the Triton casts first run."""
     code = (
         "import json, sys, torch, lowp_torch\n"
-        "ops = [hasattr(torch.ops.lowp, n) for n in ('triton_quantize', 'triton_quantize_both')]\n"
+        "names = ('triton_quantize', 'triton_quantize_transposed', 'triton_quantize_both')\n"
+        "ops = [hasattr(torch.ops.lowp, n) for n in names]\n"
         "print(json.dumps([all(ops), 'lowp_torch._triton_casts' in sys.modules]))"
     )
     assert _run_interpreted(code, timeout=300) == [True, False]
