@@ -39,9 +39,11 @@ float64 `g.T @ x` of the same bf16 values. Two measurements:
               the SQNR of the mean of dw_q over the draws, what averaging over steps
               leaves (a bias shows as a ceiling).
 
-Per MiniLM Linear it also records the operands' block statistics along M: the mean over
-blocks of 16 of amax / rms, and the fraction of elements quantized to zero, before and
-after the transform (the transform lowers amax / rms where a block holds a lone spike).
+Per operand pair it also records each operand's own statistics along M, before and
+after the transform (signs of seed 0): the mean over blocks of 16 of amax / rms (the
+transform lowers it where a block holds a lone spike), the operand's SQNR rounded to
+nearest (the transform is orthonormal, so its error is the same in either basis), and
+per variant the fraction of elements quantized to zero.
 The table prints each MiniLM projection kind averaged over the 6 layers, then each
 synthetic kind.
 """
@@ -173,8 +175,10 @@ def measure(g: np.ndarray, x: np.ndarray, draws: int) -> dict:
     gt, xt = np.ascontiguousarray(g.T), np.ascontiguousarray(x.T)
     m = g.shape[0]
     out: dict = {"stats": {}}
+    transformed = {}
     for name, t in (("g", gt), ("x", xt)):
         rht = hadamard.transform_numpy(_bits.ftz(t), hadamard.signs(0, "", (m,)))
+        transformed[name] = (t, rht)
         out["stats"][name] = {"crest": block_crest(t), "crest_rht": block_crest(rht)}
     # quantized operands by (sign seed or None, stochastic seed or None): variants share them
     cache: dict = {}
@@ -212,6 +216,12 @@ def measure(g: np.ndarray, x: np.ndarray, draws: int) -> dict:
             "sqnr_averaged": sqnr(exact, total / (draws if sr else 1)),
             "zero_fraction": {k: float(np.mean(v)) for k, v in zeros.items()},
         }
+    # each operand's own error, rounded to nearest, without and with the transform (seed 0;
+    # the transform is orthonormal, so the error is the same measured in either basis)
+    for name, (t, rht) in transformed.items():
+        stats = out["stats"][name]
+        stats["sqnr"] = sqnr(t.astype(np.float64), cache[name, None, None][0])
+        stats["sqnr_rht"] = sqnr(rht.astype(np.float64), cache[name, 0, None][0])
     return out
 
 
@@ -235,7 +245,7 @@ def summarize(label: str, rows: list[dict]) -> str:
     crest = [
         np.mean([r["stats"][t][c] for r in rows])
         for t in ("g", "x")
-        for c in ("crest", "crest_rht")
+        for c in ("crest", "crest_rht", "sqnr", "sqnr_rht")
     ]
     return (
         f"| {label} | "
@@ -244,7 +254,8 @@ def summarize(label: str, rows: list[dict]) -> str:
         + " / ".join(f"{a:.2f}" for a in avg)
         + " | "
         + " | ".join(gains)
-        + f" | {crest[0]:.2f} → {crest[1]:.2f} | {crest[2]:.2f} → {crest[3]:.2f} |"
+        + f" | {crest[0]:.2f} → {crest[1]:.2f} | {crest[4]:.2f} → {crest[5]:.2f}"
+        + f" | {crest[2]:.2f} → {crest[3]:.2f} | {crest[6]:.2f} → {crest[7]:.2f} |"
     )
 
 
@@ -273,9 +284,10 @@ def main(argv=None) -> int:
     print(
         "| operands | " + " | ".join(f"`{v}` per step" for v in VARIANTS) + " | averaged "
         "(" + " / ".join(VARIANTS) + ") | RHT gain with SR | RHT gain, nearest "
-        "| g amax/rms in 16 (→ after RHT) | x amax/rms |"
+        "| g amax/rms in 16 (→ after RHT) | x amax/rms | g SQNR, nearest (→ after RHT) "
+        "| x SQNR |"
     )
-    print("|---" * 10 + "|")
+    print("|---" * 12 + "|")
     for kind in KINDS:
         print(summarize(f"MiniLM {kind}", [r for k, r in rows.items() if k.endswith(kind)]))
     print(summarize("MiniLM all 36", [r for k, r in rows.items() if k.startswith("minilm")]))
