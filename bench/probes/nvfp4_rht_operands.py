@@ -46,6 +46,12 @@ nearest (the transform is orthonormal, so its error is the same in either basis)
 per variant the fraction of elements quantized to zero.
 The table prints each MiniLM projection kind averaged over the 6 layers, then each
 synthetic kind.
+
+    python -m bench.probes.nvfp4_rht_operands --distributions
+
+prints, in seconds, the same operand statistics for iid values of a few distributions
+(uniform, Gaussian, Laplace, Student's t with 3 degrees of freedom, 90% zeros): the
+transform brings every operand's SQNR to about the Gaussian one's.
 """
 
 import argparse
@@ -225,6 +231,34 @@ def measure(g: np.ndarray, x: np.ndarray, draws: int) -> dict:
     return out
 
 
+def distributions(m: int = 4096) -> dict:
+    """One operand's NVFP4 SQNR rounded to nearest, without and with the transform
+    (signs of seed 0), for (64, m) operands of iid values of a few distributions: what the
+    transform does to an operand whatever GEMM it feeds."""
+    rng = np.random.default_rng(0)
+    draws = {
+        "uniform": rng.uniform(-1, 1, (64, m)),
+        "gaussian": rng.standard_normal((64, m)),
+        "laplace": rng.laplace(size=(64, m)),
+        "student_t3": rng.standard_t(3, (64, m)),
+        "sparse_10pct": rng.standard_normal((64, m)) * (rng.random((64, m)) < 0.1),
+    }
+    scheme = lowp.NVFP4Scaling(16, global_scale=True)
+    out = {}
+    for name, t in draws.items():
+        t = bf16(t)
+        rht = hadamard.transform_numpy(_bits.ftz(t), hadamard.signs(0, "", (m,)))
+        out[name] = {
+            "crest": block_crest(t),
+            "crest_rht": block_crest(rht),
+            "sqnr": sqnr(t.astype(np.float64), operand(t, scheme, sign_seed=None, sr_seed=None)[0]),
+            "sqnr_rht": sqnr(
+                rht.astype(np.float64), operand(t, scheme, sign_seed=0, sr_seed=None)[0]
+            ),
+        }
+    return out
+
+
 def paired(row: dict, a: str, b: str) -> np.ndarray:
     return np.array(row[a]["sqnr_per_step"]) - np.array(row[b]["sqnr_per_step"])
 
@@ -271,7 +305,21 @@ def main(argv=None) -> int:
         help="MiniLM's cross-entropy on the masked tokens only, or on every token",
     )
     parser.add_argument("--json", help="write every row here")
+    parser.add_argument(
+        "--distributions",
+        action="store_true",
+        help="only the single-operand SQNR of iid values of a few distributions (seconds)",
+    )
     args = parser.parse_args(argv)
+    if args.distributions:
+        print("| values | amax/rms in 16 (→ after RHT) | SQNR, nearest (dB) (→ after RHT) |")
+        print("|---|---|---|")
+        for name, r in distributions().items():
+            print(
+                f"| {name} | {r['crest']:.2f} → {r['crest_rht']:.2f} "
+                f"| {r['sqnr']:.2f} → {r['sqnr_rht']:.2f} |"
+            )
+        return 0
     start = time.time()
     rows = {}
     for name, g, x in minilm_operands(args.batch, args.seq, args.loss):
