@@ -13,7 +13,9 @@ one seed starts from the same weights and reads the same batches, so runs differ
 the recipe. The recipe's own seed (signs, stochastic bits) stays 0. Prints and writes each
 run's final held-out loss; `--table` prints, per framework and run, the mean and the
 spread (min..max) over seeds of the held-out loss and of its ratio to the same seed's
-bf16 run (files of one framework merged; only seeds every run finished). A rerun with
+bf16 run (files of one framework merged; only seeds every run finished), and per run
+the paired difference, seed by seed, of `nvfp4`'s ratio minus the run's: its mean, its
+standard error and on how many seeds `nvfp4` was lower. A rerun with
 the same --json skips the rows it holds. Nothing is checkpointed (`tinylm.train`'s resume check is not the question).
 """
 
@@ -95,8 +97,11 @@ def table(paths: list[str], wanted: list[str]) -> None:
                 f"{path}: another configuration than the other {report['framework']} files"
             )
         into["rows"] += report["rows"]
-    print("| framework | run | held-out loss, mean (min..max) | ratio to bf16, mean (min..max) |")
-    print("|---|---|---|---|")
+    print(
+        "| framework | run | held-out loss, mean (min..max) | ratio to bf16, mean (min..max) "
+        "| `nvfp4`'s ratio minus this run's, mean ± s.e. (seeds where `nvfp4` is lower) |"
+    )
+    print("|---|---|---|---|---|")
     for framework, report in merged.items():
         by = {(r["run"], r["seed"]): r["heldout"] for r in report["rows"]}
         runs = [run for run in wanted if any(r == run for r, _ in by)]
@@ -104,13 +109,19 @@ def table(paths: list[str], wanted: list[str]) -> None:
         seeds = sorted(s for s in {s for _, s in by} if all((run, s) in by for run in runs))
         if "bf16" not in runs or not seeds:
             raise SystemExit(f"{framework}: no seed has bf16 and every run of {runs}")
+        ratios = {run: np.array([by[run, s] / by["bf16", s] for s in seeds]) for run in runs}
         for run in runs:
             loss = np.array([by[run, s] for s in seeds])
-            ratio = loss / np.array([by["bf16", s] for s in seeds])
+            ratio = ratios[run]
+            versus = ""
+            if "nvfp4" in ratios and run not in ("bf16", "nvfp4") and len(seeds) > 1:
+                d = ratios["nvfp4"] - ratio  # paired by seed: negative favours nvfp4
+                se = d.std(ddof=1) / np.sqrt(len(d))
+                versus = f"{d.mean():+.4f} ± {se:.4f} ({int((d < 0).sum())} of {len(d)})"
             print(
                 f"| {framework} | `{run}` | {loss.mean():.4f} "
                 f"({loss.min():.4f}..{loss.max():.4f}) | {ratio.mean():.4f} "
-                f"({ratio.min():.4f}..{ratio.max():.4f}), seeds {seeds} |"
+                f"({ratio.min():.4f}..{ratio.max():.4f}), seeds {seeds} | {versus} |"
             )
 
 
