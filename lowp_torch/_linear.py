@@ -29,6 +29,7 @@ import lowp
 from lowp import extend
 from lowp_torch import (
     _cast_kernels,
+    _cast_ops,
     _gemm,
     _qtensor,
     _quantize,
@@ -38,6 +39,7 @@ from lowp_torch import (
 )
 
 QuantizedTensor = _qtensor.QuantizedTensor
+_DECODE_MAX_M = 16  # `_triton_decode.MAX_M`, here without importing triton
 
 
 def linear(
@@ -82,6 +84,10 @@ def _linear(x, w, bias):
             return _StraightThrough.apply(x, bias, w, config)
         if not planned and w.dim() == 2 and not torch.compiler.is_compiling():
             _plan(x, w, config)
+        if torch.compiler.is_compiling() and w.dim() == 2:
+            y = _compiled_decode(x, w, bias, config)
+            if y is not None:
+                return y
         return _quantized_input(x, w, bias, config)
 
 
@@ -96,6 +102,9 @@ class _Plan:
         "b_codes_t",
         "b_scale",
         "codes",
+        "decode",
+        "decode_codes",
+        "decode_scale",
         "epilogue_bias",
         "fast_accum",
         "fmt",
@@ -111,6 +120,37 @@ class _Plan:
         self.scheme, self.form, self.fast_accum = config.activation, form, config.fast_accum
         self.fmt = extend.element_format(config.activation.fmt)
         self.b_codes_t, self.b_scale = b_codes.t(), b_scale
+        # The decode kernel's call (`_triton_decode`), for x of at most MAX_M rows: the
+        # weight's codes as uint8 and its scales flat, views of the weight's parts.
+        self.decode = self.decode_codes = self.decode_scale = None
+        if decode_problem(w, config, form) is None:
+            from lowp_torch import _triton_decode
+
+            n, k = w.shape
+            self.decode = _triton_decode.Decode(
+                n, k, dtype, w.codes.device, config.activation, w.scale.numel() != 1
+            )
+            self.decode_codes = _storage.as_bytes(w.codes)
+            self.decode_scale = w.scale.reshape(-1)
+
+
+def decode_problem(w, config, form) -> str | None:
+    """Why the decode kernel (`_triton_decode`) cannot run this weight's small-M calls,
+    or None: it takes what `kernel="auto"` would give `torch._scaled_mm` (form
+    "tensorwise" or "rowwise", an unmixed pair), e4m3 on both sides, the weight's codes
+    contiguous and its scales one or one a row."""
+    if config.kernel != "auto":
+        return f"kernel={config.kernel!r} asks for another kernel"
+    if w.codes.device.type != "cuda" and not _cast_kernels._interpreting():
+        return f"the weight is on {w.codes.device.type}, and the decode kernel runs on CUDA"
+    if form not in ("tensorwise", "rowwise"):
+        return f"the scheme pair's form is {form}"
+    fmts = {config.activation.fmt, _qtensor.scheme_of(w).fmt}
+    if fmts != {"float8_e4m3fn"}:
+        return f"the decode kernel takes float8_e4m3fn, not {sorted(fmts)}"
+    if w.dim() != 2 or not w.codes.is_contiguous() or w.scale.numel() not in (1, w.shape[0]):
+        return "the weight's codes are not a contiguous (N, K) matrix with one scale or one a row"
+    return None
 
 
 def _plan(x, w, config) -> None:
@@ -173,6 +213,10 @@ def _planned(x, bias, plan):
     k = x.shape[-1]
     rows = x.reshape(-1, k) if x.dim() != 2 else x
     rows = rows.contiguous()
+    if plan.decode is not None and 0 < rows.shape[0] <= _DECODE_MAX_M:
+        return plan.decode(
+            rows, plan.decode_codes, plan.decode_scale, bias, (*x.shape[:-1], plan.decode.n)
+        )
     with _triton_casts._on_device(rows):
         codes, scale = _triton_casts._launch(rows, tuple(rows.shape), plan.scheme, plan.fmt)
     if plan.form == "rowwise":
@@ -187,6 +231,47 @@ def _planned(x, bias, plan):
         use_fast_accum=plan.fast_accum,
     )
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def _compiled_decode(x, w, bias, config):
+    """A traced call of at most `_DECODE_MAX_M` rows as the `lowp::decode_linear` op
+    (`_decode_op`), where the eager planned call would take the decode kernel; else
+    None. The op launches the same kernel, so compiled decode is eager's."""
+    scheme = config.activation
+    k = x.shape[-1]
+    m = x.numel() // k if k else 0
+    if (
+        not isinstance(m, int)  # a symbolic row count: the general path
+        or not 0 < m <= _DECODE_MAX_M
+        or x.device.type != "cuda"
+        or (bias is not None and not (x.dtype != torch.float32 and bias.dtype == x.dtype))
+        or _cast_kernels.triton_problem(x, scheme, "nearest", None, None, 0, False) is not None
+    ):
+        return None
+    w_scheme = _qtensor.scheme_of(w)
+    if isinstance(scheme, lowp.TensorScaling) and isinstance(w_scheme, lowp.TensorScaling):
+        form = "tensorwise"
+    elif (
+        isinstance(scheme, lowp.AxisScaling)
+        and isinstance(w_scheme, lowp.AxisScaling)
+        and scheme.axis % x.dim() == x.dim() - 1
+        and w_scheme.axis % 2 == 1
+        and w.scale_layout == "plain"
+    ):
+        form = "rowwise"
+    else:
+        return None
+    if decode_problem(w, config, form) is not None:
+        return None
+    rows = x.reshape(m, k)
+    y = torch.ops.lowp.decode_linear(
+        rows,
+        _storage.as_bytes(w.codes),
+        w.scale.reshape(-1),
+        bias,
+        _cast_ops.scheme_key(scheme),
+    )
+    return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def _quantized_input(x, w, bias, config):
