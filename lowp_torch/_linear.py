@@ -236,16 +236,20 @@ def _planned(x, bias, plan):
 def _compiled_decode(x, w, bias, config):
     """A traced call of at most `_DECODE_MAX_M` rows as the `lowp::decode_linear` op
     (`_decode_op`), where the eager planned call would take the decode kernel; else
-    None. The op launches the same kernel, so compiled decode is eager's."""
+    None. The op launches the same kernel, so compiled decode is eager's. x here is
+    what torch.compile traces the weight's dispatch with (fake or functional tensors),
+    so it is checked by its dtype and device, not its type."""
     scheme = config.activation
     k = x.shape[-1]
     m = x.numel() // k if k else 0
+    interpreted = _cast_kernels._interpreting()  # CPU tensors too, under the interpreter
     if (
         not isinstance(m, int)  # a symbolic row count: the general path
         or not 0 < m <= _DECODE_MAX_M
-        or x.device.type != "cuda"
+        or (x.device.type != "cuda" and not interpreted)
+        or x.dtype not in _storage.HP_DTYPES
         or (bias is not None and not (x.dtype != torch.float32 and bias.dtype == x.dtype))
-        or _cast_kernels.triton_problem(x, scheme, "nearest", None, None, 0, False) is not None
+        or not _cast_kernels._TRITON_INSTALLED
     ):
         return None
     w_scheme = _qtensor.scheme_of(w)

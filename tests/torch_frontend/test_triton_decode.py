@@ -164,6 +164,42 @@ _OP = textwrap.dedent(
 )
 
 
+_COMPILED = textwrap.dedent(
+    """
+    import torch, lowp, lowp_torch
+    from lowp_torch import _triton_decode
+
+    decoded = []
+    real_call = _triton_decode.Decode.__call__
+
+    def spy(self, x, *args, **kwargs):
+        decoded.append(x.shape[0])
+        return real_call(self, x, *args, **kwargs)
+
+    _triton_decode.Decode.__call__ = spy
+    torch.manual_seed(0)
+    for preset in ("float8_rowwise", "float8_tensorwise"):
+        layer = torch.nn.Linear(64, 32, dtype=torch.bfloat16)
+        lowp_torch.quantize_(layer, preset)
+        w = layer.weight
+        decode = _triton_decode.Decode(
+            32, 64, torch.bfloat16, torch.device("cpu"), w.linear.activation, w.scale.numel() != 1
+        )
+        compiled = torch.compile(layer, backend="aot_eager", fullgraph=True, dynamic=False)
+        for shape in ((1, 64), (2, 3, 64)):
+            x = torch.randn(shape, dtype=torch.bfloat16)
+            decoded.clear()
+            with torch.inference_mode():
+                y = compiled(x)
+            assert decoded == [x.numel() // 64] and y.shape == (*shape[:-1], 32), decoded
+            rows = x.reshape(-1, 64)
+            eager = decode(rows, w.codes.view(torch.uint8), w.scale.reshape(-1), layer.bias)
+            assert torch.equal(y.reshape(-1, 32).view(torch.int16), eager.view(torch.int16))
+    print('"compiled ok"')
+    """
+)
+
+
 @pytest.mark.slow
 @needs_triton
 def test_kernel_gives_the_reference_bytes_and_the_gemm_bound_under_the_interpreter():
@@ -180,6 +216,12 @@ def test_planned_call_takes_the_kernel_up_to_max_m_under_the_interpreter():
 @needs_triton
 def test_decode_op_passes_opcheck_under_the_interpreter():
     assert _run_interpreted(_OP, timeout=900) == "op ok"
+
+
+@pytest.mark.slow
+@needs_triton
+def test_compiled_call_takes_the_decode_op_under_the_interpreter():
+    assert _run_interpreted(_COMPILED, timeout=900) == "compiled ok"
 
 
 @needs_triton
