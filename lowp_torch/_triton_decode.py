@@ -149,6 +149,7 @@ def decode_linear_kernel(
     EVEN_K: tl.constexpr,
     EVEN_N: tl.constexpr,
     USE_DOT: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     """One (tile of BLOCK_N weight rows, K-share) a program (module docstring).
 
@@ -185,7 +186,9 @@ def decode_linear_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     else:
         lanes = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for i in range(K_STEPS):
+    # tl.range's stages pipeline every load of the loop (the kernel's num_stages only
+    # those feeding a tl.dot): the weight stream keeps NUM_STAGES chunks in flight.
+    for i in tl.range(K_STEPS, num_stages=NUM_STAGES):
         ks = k_base + i * BLOCK_K + kb
         a_mask = row_mask[:, None] & (ks < K)[None, :]
         xk = _tk._load(x_ptr, rows[:, None] * K + ks[None, :], a_mask)
@@ -400,6 +403,7 @@ class Decode:
             and triton.cdiv(self.k, config.block_k) % config.split_k == 0,
             "EVEN_N": self.n % config.block_n == 0,
             "USE_DOT": config.use_dot,
+            "NUM_STAGES": config.num_stages,
             **_triton_casts._element_args(fmt, x),
         }
         if m != 1 and not config.use_dot:
@@ -431,7 +435,12 @@ class _BoundLaunch:
         self.launcher = compiled.run  # loads the module: the launcher and the function
         self.function, self.metadata = compiled.function, compiled.packed_metadata
         self.grid, self.stream = grid[0], stream
-        self.tail = tuple(values[len(_CALL_ARGS) :])
+        # The workspace and the unread pointers as addresses: the launcher takes an int
+        # as it is, where a tensor costs a `data_ptr()` call and a driver query. The
+        # workspace stays referenced in `_workspaces`; the others are never read.
+        self.tail = tuple(
+            v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values[len(_CALL_ARGS) :]
+        )
 
     def __call__(self, x, w, w_scale, bias, y):
         self.launcher(
