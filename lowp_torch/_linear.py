@@ -93,8 +93,9 @@ def _linear(x, w, bias):
 
 class _Plan:
     """What one quantize_'d weight's eager calls on one device and input dtype keep
-    constant, decided at its first call (`_plan`): the fp8 kernel's weight operand and
-    the activation cast. `codes`, `scale`: the weight parts it was made from; a weight
+    constant, decided at its first call (`_plan`): the fp8 kernel's weight operand, the
+    activation cast, and for calls of few rows the decode kernel (`decode`, or None).
+    `codes`, `scale`: the weight parts it was made from; a weight
     whose parts were replaced gets a new plan. The kept operand is a view of those
     parts, so an in-place change of them (`copy_`, `load_state_dict`) reaches it."""
 
@@ -195,7 +196,9 @@ def _plan(x, w, config) -> None:
 def _planned(x, bias, plan):
     """The planned call (`_plan`): `_quantized_input`'s bytes and kernel, without its
     per-call checks and wrappers; None where this call needs the general path (autocast,
-    grad, a `cast_kernels("torch")` block, torch.compile, a bias of another dtype)."""
+    grad, a `cast_kernels("torch")` block, torch.compile, a bias of another dtype).
+    1 to `_DECODE_MAX_M` rows take the decode kernel where the plan has one: the same
+    activation bytes, one launch, its own summation order (docs/numerics.md §7)."""
     if (
         type(x) is not torch.Tensor
         or (bias is not None and not (plan.epilogue_bias and bias.dtype == x.dtype))

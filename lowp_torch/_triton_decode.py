@@ -18,11 +18,11 @@ costs more host time than the cast's device time. So each program
    scales and the bias to the float32 sum and rounds once to the output dtype.
 
 Accumulation order (docs/numerics.md §7, "The decode kernel"): products of two e4m3
-values are exact in float32, so only the sums round. M == 1 (no tensor cores): each of
-the BLOCK_K lanes of a weight row sums its products over the split's K chunks in K
-order, in float32; the lanes are then reduced in a tree of float32 adds. M > 1: `tl.dot`
-of the codes' float16 values (exact) with a float32 accumulator, chunk by chunk in K
-order. The split-K partials are added in split order by the tile's last program (a
+values are exact in float32, so only the sums round. The FMA form (one row; the default
+there): each of the BLOCK_K lanes of a weight row sums its products over the split's K
+chunks in K order, in float32; the lanes are then reduced in a tree of float32 adds. The
+tensor-core form (`Config.use_dot`; the default for more rows): `tl.dot` of the codes'
+float16 values (exact) into a float32 accumulator, chunk by chunk in K order. The split-K partials are added in split order by the tile's last program (a
 counter per tile says which one is last; it resets the counter for the next launch),
 then multiplied by the activation scale, then the weight scale, then the bias added.
 Every step is fixed by the configuration, so results repeat run to run; they differ
@@ -85,6 +85,7 @@ def default_config(m: int, n: int, k: int, programs: int) -> Config:
         block_n, block_k, use_dot = 16, 256, False
     else:
         block_n, block_k, use_dot = 32, 128, True
+    block_k = min(block_k, max(16, _pow2(k)))  # a short K in one step
     tiles = triton.cdiv(n, block_n)
     chunks = triton.cdiv(k, block_k)
     split = 1
