@@ -45,6 +45,7 @@ from lowp_torch import _triton_kernels as _tk
 
 MAX_M = 16  # the rows a call may have; above it `torch._scaled_mm`'s tensor-core GEMM runs
 MAX_SPLIT_K = 16
+_AMAX_ELEMENTS = 8192  # x's elements the amax pass loads at once (tiles of the main loop)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +146,7 @@ def decode_linear_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     K_STEPS: tl.constexpr,
-    AMAX_BLOCK: tl.constexpr,
+    AMAX_UNROLL: tl.constexpr,
     AMAX_STEPS: tl.constexpr,
     EVEN_K: tl.constexpr,
     EVEN_N: tl.constexpr,
@@ -164,15 +165,20 @@ def decode_linear_kernel(
     rows = tl.arange(0, BLOCK_M)
     row_mask = rows < M
 
-    # 1. the activation's amax, per row or over all of x, and its scales
-    kk = tl.arange(0, AMAX_BLOCK)
-    amax = tl.zeros([BLOCK_M], tl.int32)
-    for i in range(AMAX_STEPS):
-        ks = i * AMAX_BLOCK + kk
-        xa = _tk._load(
-            x_ptr, rows[:, None] * K + ks[None, :], row_mask[:, None] & (ks < K)[None, :]
-        )
-        amax = tl.maximum(amax, tl.max(_tk._abs_bits(xa), axis=1))
+    # 1. the activation's amax, per row or over all of x, and its scales. Read in the
+    # main loop's (BLOCK_M, BLOCK_K) tiles, AMAX_UNROLL at once: the scales then have
+    # the layout the codes need (other tiles made Triton 3.6's sm_90 lowering of the
+    # tl.dot form fail an assertion in applyLinearLayout).
+    kb = tl.arange(0, BLOCK_K)
+    amax_tile = tl.zeros([BLOCK_M, BLOCK_K], tl.int32)
+    for i in tl.range(AMAX_STEPS, num_stages=NUM_STAGES):
+        for j in tl.static_range(AMAX_UNROLL):
+            ks = (i * AMAX_UNROLL + j) * BLOCK_K + kb
+            xa = _tk._load(
+                x_ptr, rows[:, None] * K + ks[None, :], row_mask[:, None] & (ks < K)[None, :]
+            )
+            amax_tile = tl.maximum(amax_tile, _tk._abs_bits(xa))
+    amax = tl.max(amax_tile, axis=1)
     if not A_ROWWISE:
         amax = tl.zeros([BLOCK_M], tl.int32) + tl.max(amax, axis=0)
     m, a_scale, poisoned = _tk._float_scale(amax, FMT_MAX, POW2)
@@ -182,7 +188,6 @@ def decode_linear_kernel(
     col_mask = cols < N
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * K
     k_base = pid_k * (K_STEPS * BLOCK_K)
-    kb = tl.arange(0, BLOCK_K)
     if USE_DOT:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     else:
@@ -341,6 +346,13 @@ class Decode:
         self.scheme, self.w_rowwise = scheme, w_rowwise
         self.a_rowwise = isinstance(scheme, lowp.AxisScaling)
         self.programs = 4 * _sm_count(device)
+        fmt = extend.element_format(scheme.fmt)
+        self.element_args = {
+            "FMT_MAX": fmt.max,
+            "EBITS": fmt.ebits,
+            "MBITS": fmt.mbits,
+            "BIAS": fmt.bias,
+        }
         self._bound: dict = {}
 
     def __call__(self, x, w_codes, w_scale, bias=None, out_shape=None, config=None):
@@ -359,6 +371,36 @@ class Decode:
             self._launch(x, w_codes, w_scale, bias, y, config, None, stream)
         return y
 
+    def constexprs(self, m, config, has_bias, store, native) -> dict:
+        """The kernel's constexpr arguments for M rows and `config`; native: the GPU's
+        fp8 conversions (`_triton_casts._native`)."""
+        block_m = max(16, _pow2(m)) if config.use_dot else _pow2(m)
+        chunks = triton.cdiv(self.k, config.block_k)
+        # x's tiles the amax pass loads at once: about _AMAX_ELEMENTS, at most all of x
+        amax_unroll = min(chunks, max(1, _AMAX_ELEMENTS // (block_m * config.block_k)))
+        return {
+            "M": m,
+            "A_ROWWISE": self.a_rowwise,
+            "B_ROWWISE": self.w_rowwise,
+            "HAS_BIAS": has_bias,
+            "STORE_ACTIVATION": store,
+            "POW2": self.scheme.pow2,
+            "VALUE_DTYPE": tl.float16 if native else tl.float32,
+            "BLOCK_M": block_m,
+            "BLOCK_N": config.block_n,
+            "BLOCK_K": config.block_k,
+            "SPLIT_K": config.split_k,
+            "K_STEPS": triton.cdiv(chunks, config.split_k),
+            "AMAX_UNROLL": amax_unroll,
+            "AMAX_STEPS": triton.cdiv(chunks, amax_unroll),
+            "EVEN_K": self.k % config.block_k == 0 and chunks % config.split_k == 0,
+            "EVEN_N": self.n % config.block_n == 0,
+            "USE_DOT": config.use_dot,
+            "NUM_STAGES": config.num_stages,
+            **self.element_args,
+            "NATIVE": native,
+        }
+
     def _launch(self, x, w_codes, w_scale, bias, y, config, store, stream):
         """The general launch; with a stream (CUDA), also binds it for `__call__`'s
         later calls of this M, bias or not, stream and config (None: the default).
@@ -367,13 +409,10 @@ class Decode:
         key = (m, bias is not None, stream, config)
         config = config or default_config(m, self.n, self.k, self.programs)
         tiles = triton.cdiv(self.n, config.block_n)
-        steps = triton.cdiv(triton.cdiv(self.k, config.block_k), config.split_k)
         unused = w_scale  # a pointer for the arguments this launch does not read
         partials, counts = unused, unused
         if config.split_k > 1:
             partials, counts = _workspace(x.device, stream, config.split_k * m * self.n, tiles)
-        amax_block = min(_pow2(self.k), max(config.block_k, 4096 // _pow2(m)))
-        fmt = extend.element_format(self.scheme.fmt)
         args = {
             "x_ptr": x,
             "w_ptr": w_codes,
@@ -386,26 +425,9 @@ class Decode:
             "scale_ptr": unused if store is None else store[1],
             "N": self.n,
             "K": self.k,
-            "M": m,
-            "A_ROWWISE": self.a_rowwise,
-            "B_ROWWISE": self.w_rowwise,
-            "HAS_BIAS": bias is not None,
-            "STORE_ACTIVATION": store is not None,
-            "POW2": self.scheme.pow2,
-            "VALUE_DTYPE": tl.float16 if _triton_casts._native(x) else tl.float32,
-            "BLOCK_M": max(16, _pow2(m)) if config.use_dot else _pow2(m),
-            "BLOCK_N": config.block_n,
-            "BLOCK_K": config.block_k,
-            "SPLIT_K": config.split_k,
-            "K_STEPS": steps,
-            "AMAX_BLOCK": amax_block,
-            "AMAX_STEPS": triton.cdiv(self.k, amax_block),
-            "EVEN_K": self.k % config.block_k == 0
-            and triton.cdiv(self.k, config.block_k) % config.split_k == 0,
-            "EVEN_N": self.n % config.block_n == 0,
-            "USE_DOT": config.use_dot,
-            "NUM_STAGES": config.num_stages,
-            **_triton_casts._element_args(fmt, x),
+            **self.constexprs(
+                m, config, bias is not None, store is not None, _triton_casts._native(x)
+            ),
         }
         if m != 1 and not config.use_dot:
             raise ValueError(f"the decode kernel's FMA form takes one row, got M={m}")

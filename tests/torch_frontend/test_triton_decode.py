@@ -18,7 +18,9 @@ reads it when a kernel is defined; see test_triton_casts.py):
 - the `lowp::decode_linear` op (what a compiled graph calls), through `opcheck`.
 
 The interpreter cannot show GPU numerics (the native fp8 conversions, tensor cores) nor
-the bound launch; `test_decode_on_cuda` does, on a GPU.
+the bound launch; `test_decode_on_cuda` does, on a GPU. Without one,
+`test_kernel_lowers_for_sm90` compiles each form for sm_90 (Triton's lowering and
+ptxas run on the CPU).
 """
 
 import importlib.util
@@ -222,6 +224,63 @@ def test_decode_op_passes_opcheck_under_the_interpreter():
 @needs_triton
 def test_compiled_call_takes_the_decode_op_under_the_interpreter():
     assert _run_interpreted(_COMPILED, timeout=900) == "compiled ok"
+
+
+def _compile_for_sm90(m, n, k, config, rowwise, has_bias):
+    """The kernel compiled for an sm_90 GPU, here without one: Triton's lowering to PTX
+    and ptxas run on the CPU (no launch)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from lowp_torch import _triton_decode as D
+
+    scheme = lowp.AxisScaling() if rowwise else lowp.TensorScaling()
+    decode = D.Decode(n, k, torch.bfloat16, torch.device("cpu"), scheme, rowwise)
+    constexprs = decode.constexprs(m, config, has_bias, False, native=True)
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*u8", "w_scale_ptr": "*fp32", "bias_ptr": "*bf16"}
+    pointers |= {"y_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32"}
+    pointers |= {"codes_ptr": "*u8", "scale_ptr": "*fp32", "N": "i32", "K": "i32"}
+    names = D.decode_linear_kernel.arg_names
+    signature = {name: pointers.get(name, "constexpr") for name in names}
+    aligned = ("w_ptr", "w_scale_ptr", "partial_ptr", "count_ptr", "N", "K")
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    src = ASTSource(
+        D.decode_linear_kernel,
+        signature,
+        {(names.index(name),): v for name, v in constexprs.items()},
+        attrs,
+    )
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+@pytest.mark.slow
+@needs_triton
+@pytest.mark.parametrize(
+    "m, config",
+    [
+        (1, None),  # the defaults of each form
+        (16, None),
+        (1, (16, 128, 1, True)),  # tensor cores at one row, a narrow tile
+        (4, (64, 64, 4, True)),
+    ],
+)
+def test_kernel_lowers_for_sm90(m, config):
+    """Every form compiles for the H100/H200 (Triton 3.6's lowering of the tensor-core
+    form once failed an assertion for tiles the amax pass did not share)."""
+    from lowp_torch import _triton_decode as D
+
+    n, k = 4096, 4096
+    cfg = (
+        D.default_config(m, n, k, 4 * 132)
+        if config is None
+        else D.Config(*config[:3], use_dot=config[3])
+    )
+    compiled = _compile_for_sm90(m, n, k, cfg, rowwise=m % 2 == 1, has_bias=m > 1)
+    ptx = compiled.asm["ptx"]
+    assert "cvt.rn.f16x2.e4m3x2" in ptx  # the native fp8 conversion of the codes
+    assert ("mma.sync" in ptx) == cfg.use_dot
 
 
 @needs_triton
