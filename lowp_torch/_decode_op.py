@@ -25,9 +25,11 @@ def _decode_linear_op(
     """y (M, N) of x's dtype: x (M, K) quantized with `scheme` in the kernel, times the
     uint8 e4m3 weight codes (N, K) with float32 scales (1 or N), plus bias."""
     x = x.contiguous()
-    decode = _decode_of(
-        w_codes.shape[0], w_codes.shape[1], x.dtype, x.device, scheme, w_scale.numel() != 1
-    )
+    # A Decode binds kernels compiled for its first weight's pointer alignment (Triton
+    # specialises 16-byte-aligned pointers): weights of another alignment get their own.
+    aligned = w_codes.data_ptr() % 16 == 0 and w_scale.data_ptr() % 16 == 0
+    n, k = w_codes.shape
+    decode = _decode_of(n, k, x.dtype, x.device, scheme, w_scale.numel() != 1, aligned)
     return decode(x, w_codes, w_scale, bias)
 
 
@@ -37,7 +39,7 @@ def _(x, w_codes, w_scale, bias, scheme):
 
 
 @functools.cache
-def _decode_of(n, k, hp_dtype, device, scheme, w_rowwise):
+def _decode_of(n, k, hp_dtype, device, scheme, w_rowwise, aligned):
     from lowp_torch import _triton_decode  # imports triton
 
     return _triton_decode.Decode(n, k, hp_dtype, device, _cast_ops.scheme_of_key(scheme), w_rowwise)

@@ -151,6 +151,8 @@ def decode_problem(w, config, form) -> str | None:
         return f"the decode kernel takes float8_e4m3fn, not {sorted(fmts)}"
     if w.dim() != 2 or not w.codes.is_contiguous() or w.scale.numel() not in (1, w.shape[0]):
         return "the weight's codes are not a contiguous (N, K) matrix with one scale or one a row"
+    if not _storage.traced(w.codes) and (w.codes.data_ptr() % 16 or w.scale.data_ptr() % 16):
+        return "the weight's codes or scales are not 16-byte aligned"  # a plan binds one
     return None
 
 
