@@ -332,7 +332,8 @@ def _sm_count(device) -> int:
 class Decode:
     """The decode launches of one weight shape: `__call__(x, w_codes, w_scale, bias)`.
 
-    n, k: the weight's (N, K); hp_dtype: x's and y's dtype; scheme: the activation's
+    n, k: the weight's (N, K); hp_dtype: x's and y's dtype; device: theirs (x must be
+    on it); scheme: the activation's
     (TensorScaling, or AxisScaling along the last axis, e4m3); w_rowwise: whether the
     weight has a scale a row. The first call of each M (and bias or not, and stream)
     compiles and binds the kernel; later calls on the GPU launch the bound kernel
@@ -346,6 +347,7 @@ class Decode:
         self.scheme, self.w_rowwise = scheme, w_rowwise
         self.a_rowwise = isinstance(scheme, lowp.AxisScaling)
         self.programs = 4 * _sm_count(device)
+        self.cuda_index = device.index if device.type == "cuda" else None
         fmt = extend.element_format(scheme.fmt)
         self.element_args = {
             "FMT_MAX": fmt.max,
@@ -359,12 +361,13 @@ class Decode:
         """y (out_shape or (M, N), x's dtype) of x (M, K) contiguous, 1 <= M <= MAX_M;
         w_codes (N, K) uint8, w_scale float32 flat (1 or N); bias (N,) of x's dtype."""
         m = x.shape[0]
-        y = torch.empty(out_shape or (m, self.n), dtype=self.hp_dtype, device=x.device)
+        y = torch.empty(out_shape or (m, self.n), dtype=self.hp_dtype, device=self.device)
         stream = None
-        if x.is_cuda and knobs.runtime.launch_enter_hook is None:  # hooks: Triton's launch
-            stream = torch._C._cuda_getCurrentRawStream(x.device.index)
+        if self.cuda_index is not None and knobs.runtime.launch_enter_hook is None:
+            # (with launch hooks set, e.g. a Triton profiler's, Triton's own launch runs)
+            stream = torch._C._cuda_getCurrentRawStream(self.cuda_index)
             bound = self._bound.get((m, bias is not None, stream, config))
-            if bound is not None and torch._C._cuda_getDevice() == x.device.index:
+            if bound is not None and torch._C._cuda_getDevice() == self.cuda_index:
                 bound(x, w_codes, w_scale, w_scale if bias is None else bias, y)
                 return y
         with _triton_casts._on_device(x):
