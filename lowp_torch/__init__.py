@@ -24,7 +24,10 @@ and MX casts as fused Triton kernels (same bytes); `cast_kernels` picks the path
 import torch
 
 from lowp import extend
-from lowp_torch import _cast_ops  # noqa: F401 - registers the lowp:: custom ops
+from lowp_torch import (
+    _cast_ops,  # noqa: F401 - registers the lowp:: custom ops
+    _decode_op,  # noqa: F401 - registers lowp::decode_linear
+)
 from lowp_torch._cast_kernels import cast_kernels
 from lowp_torch._checkpoints import dequantize_checkpoint
 from lowp_torch._config import LinearConfig

@@ -29,6 +29,7 @@ import lowp
 from lowp import extend
 from lowp_torch import (
     _cast_kernels,
+    _cast_ops,
     _gemm,
     _qtensor,
     _quantize,
@@ -38,6 +39,7 @@ from lowp_torch import (
 )
 
 QuantizedTensor = _qtensor.QuantizedTensor
+_DECODE_MAX_M = 16  # `_triton_decode.MAX_M`, here without importing triton
 
 
 def linear(
@@ -82,13 +84,18 @@ def _linear(x, w, bias):
             return _StraightThrough.apply(x, bias, w, config)
         if not planned and w.dim() == 2 and not torch.compiler.is_compiling():
             _plan(x, w, config)
+        if torch.compiler.is_compiling() and w.dim() == 2:
+            y = _compiled_decode(x, w, bias, config)
+            if y is not None:
+                return y
         return _quantized_input(x, w, bias, config)
 
 
 class _Plan:
     """What one quantize_'d weight's eager calls on one device and input dtype keep
-    constant, decided at its first call (`_plan`): the fp8 kernel's weight operand and
-    the activation cast. `codes`, `scale`: the weight parts it was made from; a weight
+    constant, decided at its first call (`_plan`): the fp8 kernel's weight operand, the
+    activation cast, and for calls of few rows the decode kernel (`decode`, or None).
+    `codes`, `scale`: the weight parts it was made from; a weight
     whose parts were replaced gets a new plan. The kept operand is a view of those
     parts, so an in-place change of them (`copy_`, `load_state_dict`) reaches it."""
 
@@ -96,6 +103,9 @@ class _Plan:
         "b_codes_t",
         "b_scale",
         "codes",
+        "decode",
+        "decode_codes",
+        "decode_scale",
         "epilogue_bias",
         "fast_accum",
         "fmt",
@@ -111,6 +121,39 @@ class _Plan:
         self.scheme, self.form, self.fast_accum = config.activation, form, config.fast_accum
         self.fmt = extend.element_format(config.activation.fmt)
         self.b_codes_t, self.b_scale = b_codes.t(), b_scale
+        # The decode kernel's call (`_triton_decode`), for x of at most MAX_M rows: the
+        # weight's codes as uint8 and its scales flat, views of the weight's parts.
+        self.decode = self.decode_codes = self.decode_scale = None
+        if decode_problem(w, config, form) is None:
+            from lowp_torch import _triton_decode
+
+            n, k = w.shape
+            self.decode = _triton_decode.Decode(
+                n, k, dtype, w.codes.device, config.activation, w.scale.numel() != 1
+            )
+            self.decode_codes = _storage.as_bytes(w.codes)
+            self.decode_scale = w.scale.reshape(-1)
+
+
+def decode_problem(w, config, form) -> str | None:
+    """Why the decode kernel (`_triton_decode`) cannot run this weight's small-M calls,
+    or None: it takes what `kernel="auto"` would give `torch._scaled_mm` (form
+    "tensorwise" or "rowwise", an unmixed pair), e4m3 on both sides, the weight's codes
+    contiguous and its scales one or one a row."""
+    if config.kernel != "auto":
+        return f"kernel={config.kernel!r} asks for another kernel"
+    if w.codes.device.type != "cuda" and not _cast_kernels._interpreting():
+        return f"the weight is on {w.codes.device.type}, and the decode kernel runs on CUDA"
+    if form not in ("tensorwise", "rowwise"):
+        return f"the scheme pair's form is {form}"
+    fmts = {config.activation.fmt, _qtensor.scheme_of(w).fmt}
+    if fmts != {"float8_e4m3fn"}:
+        return f"the decode kernel takes float8_e4m3fn, not {sorted(fmts)}"
+    if w.dim() != 2 or not w.codes.is_contiguous() or w.scale.numel() not in (1, w.shape[0]):
+        return "the weight's codes are not a contiguous (N, K) matrix with one scale or one a row"
+    if not _storage.traced(w.codes) and (w.codes.data_ptr() % 16 or w.scale.data_ptr() % 16):
+        return "the weight's codes or scales are not 16-byte aligned"  # a plan binds one
+    return None
 
 
 def _plan(x, w, config) -> None:
@@ -155,7 +198,9 @@ def _plan(x, w, config) -> None:
 def _planned(x, bias, plan):
     """The planned call (`_plan`): `_quantized_input`'s bytes and kernel, without its
     per-call checks and wrappers; None where this call needs the general path (autocast,
-    grad, a `cast_kernels("torch")` block, torch.compile, a bias of another dtype)."""
+    grad, a `cast_kernels("torch")` block, torch.compile, a bias of another dtype).
+    1 to `_DECODE_MAX_M` rows take the decode kernel where the plan has one: the same
+    activation bytes, one launch, its own summation order (docs/numerics.md §7)."""
     if (
         type(x) is not torch.Tensor
         or (bias is not None and not (plan.epilogue_bias and bias.dtype == x.dtype))
@@ -173,6 +218,10 @@ def _planned(x, bias, plan):
     k = x.shape[-1]
     rows = x.reshape(-1, k) if x.dim() != 2 else x
     rows = rows.contiguous()
+    if plan.decode is not None and 0 < rows.shape[0] <= _DECODE_MAX_M:
+        return plan.decode(
+            rows, plan.decode_codes, plan.decode_scale, bias, (*x.shape[:-1], plan.decode.n)
+        )
     with _triton_casts._on_device(rows):
         codes, scale = _triton_casts._launch(rows, tuple(rows.shape), plan.scheme, plan.fmt)
     if plan.form == "rowwise":
@@ -187,6 +236,51 @@ def _planned(x, bias, plan):
         use_fast_accum=plan.fast_accum,
     )
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def _compiled_decode(x, w, bias, config):
+    """A traced call of at most `_DECODE_MAX_M` rows as the `lowp::decode_linear` op
+    (`_decode_op`), where the eager planned call would take the decode kernel; else
+    None. The op launches the same kernel, so compiled decode is eager's. x here is
+    what torch.compile traces the weight's dispatch with (fake or functional tensors),
+    so it is checked by its dtype and device, not its type."""
+    scheme = config.activation
+    k = x.shape[-1]
+    m = x.numel() // k if k else 0
+    interpreted = _cast_kernels._interpreting()  # CPU tensors too, under the interpreter
+    if (
+        not isinstance(m, int)  # a symbolic row count: the general path
+        or not 0 < m <= _DECODE_MAX_M
+        or (x.device.type != "cuda" and not interpreted)
+        or x.dtype not in _storage.HP_DTYPES
+        or (bias is not None and not (x.dtype != torch.float32 and bias.dtype == x.dtype))
+        or not _cast_kernels._TRITON_INSTALLED
+    ):
+        return None
+    w_scheme = _qtensor.scheme_of(w)
+    if isinstance(scheme, lowp.TensorScaling) and isinstance(w_scheme, lowp.TensorScaling):
+        form = "tensorwise"
+    elif (
+        isinstance(scheme, lowp.AxisScaling)
+        and isinstance(w_scheme, lowp.AxisScaling)
+        and scheme.axis % x.dim() == x.dim() - 1
+        and w_scheme.axis % 2 == 1
+        and w.scale_layout == "plain"
+    ):
+        form = "rowwise"
+    else:
+        return None
+    if decode_problem(w, config, form) is not None:
+        return None
+    rows = x.reshape(m, k)
+    y = torch.ops.lowp.decode_linear(
+        rows,
+        _storage.as_bytes(w.codes),
+        w.scale.reshape(-1),
+        bias,
+        _cast_ops.scheme_key(scheme),
+    )
+    return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def _quantized_input(x, w, bias, config):
