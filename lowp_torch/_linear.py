@@ -57,7 +57,9 @@ def linear(
 
 def _linear(x, w, bias):
     planned = False  # whether a `_plan` holds for this weight and x's device and dtype
-    if not torch.compiler.is_compiling():  # first: no __dict__ for Dynamo to trace
+    # Dynamo's flag alone misses the AOTAutograd trace on torch 2.11 (`_storage.traced`)
+    tracing = _storage.traced(x)
+    if not tracing:  # first: no __dict__ for Dynamo to trace, no plan of fake tensors
         plans = w.__dict__.get("_lowp_plans")
         plan = None if plans is None else plans.get((x.device, x.dtype))
         planned = plan is not None and plan.codes is w.codes and plan.scale is w.scale
@@ -82,9 +84,9 @@ def _linear(x, w, bias):
             x.requires_grad or (bias is not None and bias.requires_grad)
         ):
             return _StraightThrough.apply(x, bias, w, config)
-        if not planned and w.dim() == 2 and not torch.compiler.is_compiling():
+        if not planned and w.dim() == 2 and not tracing:
             _plan(x, w, config)
-        if torch.compiler.is_compiling() and w.dim() == 2:
+        if tracing and w.dim() == 2:
             y = _compiled_decode(x, w, bias, config)
             if y is not None:
                 return y

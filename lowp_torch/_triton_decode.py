@@ -363,7 +363,7 @@ class Decode:
         m = x.shape[0]
         y = torch.empty(out_shape or (m, self.n), dtype=self.hp_dtype, device=self.device)
         stream = None
-        if self.cuda_index is not None and knobs.runtime.launch_enter_hook is None:
+        if self.cuda_index is not None and not launch_hooks_set():
             # (with launch hooks set, e.g. a Triton profiler's, Triton's own launch runs)
             stream = torch._C._cuda_getCurrentRawStream(self.cuda_index)
             bound = self._bound.get((m, bias is not None, stream, config))
@@ -443,6 +443,14 @@ class Decode:
                 compiled = compiled.result()
             values = [args[name] for name in decode_linear_kernel.arg_names]
             self._bound[key] = _BoundLaunch(compiled, grid, stream, values)
+
+
+def launch_hooks_set() -> bool:
+    """Whether a Triton launch hook is installed (a Triton profiler's, say): then every
+    launch goes through Triton's own `run`, which calls it. Triton 3.6 keeps the hooks in
+    a `HookChain`, an object even when it holds none; older versions keep None."""
+    hook = knobs.runtime.launch_enter_hook
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _pow2(n: int) -> int:
