@@ -32,6 +32,7 @@ from lowp_torch import (
     _layouts,
     _qtensor,
     _rounding,
+    _scratch,
     _storage,
 )
 
@@ -73,14 +74,24 @@ def _hp_input(t, name: str) -> torch.Tensor:
     return t.detach()
 
 
-def _random_for(t, rounding, random_bits, seed, offset, name):
+def _random_for(t, rounding, random_bits, seed, offset, name, on_host: bool = False):
     """The bits stochastic rounding consumes, or None for nearest rounding: a function
     of a slab's first flat index in `t` and its shape, giving one uint32 (in int64) per
     element of the slab, the bits of those elements in the whole tensor (spec §4: a
-    function of each element's index, so slabs change no bit)."""
+    function of each element's index, so slabs change no bit). `on_host` (the eager CPU
+    slabs): the same 32 bits as int32, what `_rounding.stochastic_codes_on_host` reads."""
     source = extend.random_source(rounding, random_bits, seed, offset == 0, name)
     if source == "none":
         return None
+    if source == "seed" and on_host:
+        scratch = _scratch.Scratch()
+
+        def from_seed_on_host(first: int, shape: tuple) -> torch.Tensor:
+            at = int(offset) + first  # an int, or a 0-d int64 CPU tensor read here
+            bits = _rounding.random_bits_on_host(seed, at, math.prod(shape), scratch)
+            return bits.view(shape)
+
+        return from_seed_on_host
     if source == "seed":
 
         def from_seed(first: int, shape: tuple) -> torch.Tensor:
@@ -107,6 +118,8 @@ def _random_for(t, rounding, random_bits, seed, offset, name):
 
     def given(first: int, shape: tuple) -> torch.Tensor:
         part = flat[first : first + math.prod(shape)].reshape(shape)
+        if on_host:  # the low 32 bits as int32: a view of uint32, a wrapping cast of int64
+            return part.view(torch.int32) if part.dtype == torch.uint32 else part.to(torch.int32)
         if part.dtype == torch.uint32:
             # Few uint32 ops exist; reinterpret as int32 and widen, keeping the 32 bits.
             return part.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
@@ -138,17 +151,15 @@ def _check_finite(slabs, shape: tuple, name: str) -> None:
         )
 
 
-def _encode_elements(v, fmt, random, poisoned, scheme, on_host: bool) -> torch.Tensor:
+def _encode_elements(v, fmt, random, poisoned, scheme) -> torch.Tensor:
     """Clamp the flushed `v` to ±max and round to uint8 codes; code 0 in poisoned groups.
 
     `poisoned`: bool, one a group of `scheme`. Clamping to the normal ±max makes no
     subnormal, so v stays flushed; NaN (in poisoned groups only) becomes +0.0 there,
-    whose code is 0 under either rounding. `on_host` (an eager CPU slab, whose flags
-    may be read): where no group is poisoned there is nothing to clear.
+    whose code is 0 under either rounding.
     """
     v = torch.clamp(v, -fmt.max, fmt.max)
-    if not on_host or bool(poisoned.any()):
-        v = _bits.from_bits(_bits.bits(v) & ~_poison_mask(poisoned, scheme, tuple(v.shape)))
+    v = _bits.from_bits(_bits.bits(v) & ~_poison_mask(poisoned, scheme, tuple(v.shape)))
     return _rounding.round_elements(v, fmt, random).to(torch.uint8)
 
 
@@ -249,10 +260,11 @@ def quantize(
     x = _hp_input(t, name)
     shape = tuple(x.shape)  # SymInts stay symbolic under torch.compile (no recompile per M)
     scheme.check_shape(shape)
-    random = _random_for(x, rounding, random_bits, seed, offset, name)
+    on_host = _in_slabs(t)
+    random = _random_for(x, rounding, random_bits, seed, offset, name, on_host)
     fmt = extend.element_format(scheme.fmt)
     extend.check_chunk_elements(chunk_elements, name)
-    if _in_slabs(t):
+    if on_host:
         plan = extend.slab_plan(
             shape, scheme, chunk_elements, contiguous=x.is_contiguous(), name=name
         )
@@ -310,24 +322,65 @@ def _group_scales(amax_bits, scheme, fmt, nvfp4):
     raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
 
 
-def _element_codes(xf, multiplier, poisoned, scheme, fmt, random, on_host: bool = False):
+def _element_codes(xf, multiplier, poisoned, scheme, fmt, random):
     """The codes of the flushed float32 `xf` (packed for float4): each element times its
-    group's multiplier, flushed, clamped to ±max, rounded; code 0 in poisoned groups.
+    group's multiplier, flushed, clamped to ±max, rounded; code 0 in poisoned groups."""
+    v = _bits.ftz(xf * _groups.expand(multiplier, scheme, tuple(xf.shape)))
+    codes = _encode_elements(v, fmt, random, poisoned, scheme)
+    return _layouts.pack_fp4(codes) if fmt.name == "float4_e2m1fn" else codes
 
-    `on_host` (an eager CPU slab) skips the work that changes no code: the flush of the
-    products (a float32 subnormal rounds to the signed zero its flush gives, in every
-    element format and either rounding) and the poison mask where nothing is poisoned
-    (`_encode_elements`)."""
+
+def _element_codes_on_host(
+    xf, absb, multiplier, poisoned, scheme, fmt, random, scratch, out
+) -> None:
+    """`_element_codes` of an eager CPU slab, written into `out` (the slab's part of the
+    codes), every element-sized intermediate in a reused `scratch` buffer, and the work
+    that changes no code left out: the flush of the products (a float32 subnormal rounds
+    to the signed zero its flush gives, in every element format and either rounding) and
+    the poison mask where no group is poisoned (a host read of the flags).
+
+    float8 to nearest is the clamped product cast by torch; the other element steps
+    (`_encode.nearest_codes_on_host`, `_rounding.stochastic_codes_on_host`) take the
+    product's magnitude |x| * m, made from `absb` (|x| patterns of `xf`, or None), and
+    the sign of x, and clamp the magnitude's pattern themselves.
+    """
+    shape = tuple(xf.shape)
+    if bool(poisoned.any()):  # their elements become +0.0: code 0 under either rounding
+        xf = _bits.from_bits(_bits.bits(xf) & ~_poison_mask(poisoned, scheme, shape))
+        absb = None
+    packed = fmt.name == "float4_e2m1fn"
+    codes = scratch.take("unpacked", torch.uint8, shape) if packed else out
+    if random is None and _encode.native_float8(fmt) is not None:
+        v = _multiply_on_host(xf, multiplier, scheme, scratch.take("v", torch.float32, shape))
+        # NVFP4's x * (1/p) may overflow (1/p = FLT_MAX where p is 0): the clamp bounds it.
+        v.clamp_(-fmt.max, fmt.max)
+        _encode.float8_codes_on_host(v, fmt, codes)
+    else:
+        if absb is None:
+            absb = scratch.take("absb", torch.int32, shape)
+            torch.bitwise_and(_bits.bits(xf), _bits.ABS, out=absb)
+        magnitude = scratch.take("v", torch.float32, shape)
+        _multiply_on_host(absb.view(torch.float32), multiplier, scheme, magnitude)
+        if random is None:
+            _encode.nearest_codes_on_host(magnitude, _bits.bits(xf), fmt, scratch, codes)
+        else:
+            _rounding.stochastic_codes_on_host(
+                magnitude, _bits.bits(xf), fmt, random, scratch, codes
+            )
+    if packed:
+        _layouts.pack_fp4_on_host(codes, scratch, out)
+
+
+def _multiply_on_host(xf, multiplier, scheme, out) -> torch.Tensor:
+    """`out` = each element of `xf` times its group's multiplier (float32, one product
+    rounded once), in the split view where the slab holds whole tiles."""
     shape = tuple(xf.shape)
     grid, full, padded = extend.group_broadcast(shape, scheme)
-    if on_host and tuple(padded) == shape:  # whole tiles: multiply in the split view
-        v = (xf.reshape(full) * multiplier.reshape(grid)).reshape(shape)
+    if tuple(padded) == shape:
+        torch.mul(xf.reshape(full), multiplier.reshape(grid), out=out.view(full))
     else:
-        v = xf * _groups.expand(multiplier, scheme, shape)
-    if not on_host:
-        v = _bits.ftz(v)
-    codes = _encode_elements(v, fmt, random, poisoned, scheme, on_host)
-    return _layouts.pack_fp4(codes) if fmt.name == "float4_e2m1fn" else codes
+        torch.mul(xf, _groups.expand(multiplier, scheme, shape), out=out)
+    return out
 
 
 def _in_slabs(t: torch.Tensor) -> bool:
@@ -373,13 +426,16 @@ def _in_slabs_of(rows, plan, fmt, random, check_finite: bool, name: str, shape: 
     else:
         scale_dtype = torch.float32 if scheme.family == "float" else torch.uint8
         scale = torch.empty(scheme.scale_shape(plan.shape), dtype=scale_dtype)
+    scratch = _scratch.Scratch()
     for start, stop in slabs:
         groups = plan.groups(start, stop)
-        xf = rows[start:stop].to(torch.float32)
+        xf = _float32_slab(rows[start:stop], scratch)
         absb = None
         if scheme.family != "float" or amax_bits is None:
-            absb = _bits.abs_bits(xf)
-        if scheme.family != "float" and _has_subnormal(absb):
+            absb = scratch.take("absb", torch.int32, tuple(xf.shape))
+            torch.bitwise_and(_bits.bits(xf), _bits.ABS, out=absb)
+        flushed = scheme.family != "float" and _has_subnormal(absb)
+        if flushed:
             xf = _bits.ftz(xf)
         if scales is not None:
             multiplier, _, poisoned = scales
@@ -390,12 +446,25 @@ def _in_slabs_of(rows, plan, fmt, random, check_finite: bool, name: str, shape: 
                 slab_amax = _flushed_max(_groups.group_max(absb, scheme))
             multiplier, scale[groups], poisoned = _group_scales(slab_amax, scheme, fmt, nvfp4)
         slab_random = None if random is None else random(start * row_size, tuple(xf.shape))
-        slab_codes = _element_codes(xf, multiplier, poisoned, scheme, fmt, slab_random, True)
         if packed and len(plan.shape) == 1:  # two elements a byte along the axis cut
-            codes[start // 2 : stop // 2] = slab_codes
+            out = codes[start // 2 : stop // 2]
         else:
-            codes[start:stop] = slab_codes
+            out = codes[start:stop]
+        absb = None if flushed else absb  # |x| of the unflushed slab: remade from xf
+        _element_codes_on_host(
+            xf, absb, multiplier, poisoned, scheme, fmt, slab_random, scratch, out
+        )
     return codes, scale, nvfp4
+
+
+def _float32_slab(part: torch.Tensor, scratch: _scratch.Scratch) -> torch.Tensor:
+    """A slab of the input as float32: itself where it is float32 already, else widened
+    (exactly) into a reused buffer."""
+    if part.dtype == torch.float32:
+        return part
+    widened = scratch.take("x", torch.float32, tuple(part.shape))
+    widened.copy_(part)
+    return widened
 
 
 def _amax_over_slabs(rows, plan) -> torch.Tensor:
@@ -424,9 +493,15 @@ def _flushed_max(amax_bits: torch.Tensor) -> torch.Tensor:
 
 
 def _has_subnormal(absb: torch.Tensor) -> bool:
-    """Whether any |x| pattern is a float32 subnormal (a host read): (absb - 1) wraps 0
-    to -1, cleared to the largest pattern, so only subnormals fall below MANT_MASK."""
-    return absb.numel() > 0 and bool(torch.amin((absb - 1) & _bits.ABS) < _bits.MANT_MASK)
+    """Whether any |x| pattern is a float32 subnormal (a host read). The least pattern
+    answers unless it is 0; then (absb - 1) wraps 0 to -1, cleared to the largest
+    pattern, so that only subnormals fall below MANT_MASK."""
+    if absb.numel() == 0:
+        return False
+    least = int(torch.amin(absb))
+    if least != 0:
+        return least <= _bits.MANT_MASK
+    return bool(torch.amin((absb - 1) & _bits.ABS) < _bits.MANT_MASK)
 
 
 def _nvfp4_global(block_amax_bits: torch.Tensor | None, scheme, device):
