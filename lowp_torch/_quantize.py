@@ -116,10 +116,13 @@ def _random_for(t, rounding, random_bits, seed, offset, name, on_host: bool = Fa
         raise ValueError(f"{name}: random_bits is on {random_bits.device}, the input on {t.device}")
     flat = random_bits.reshape(-1)
 
+    scratch = _scratch.Scratch()
+
     def given(first: int, shape: tuple) -> torch.Tensor:
         part = flat[first : first + math.prod(shape)].reshape(shape)
-        if on_host:  # the low 32 bits as int32: a view of uint32, a wrapping cast of int64
-            return part.view(torch.int32) if part.dtype == torch.uint32 else part.to(torch.int32)
+        if on_host:  # the low 32 bits as int32, a copy (the element step overwrites it)
+            bits = scratch.take("random", torch.int32, shape)
+            return bits.copy_(part.view(torch.int32) if part.dtype == torch.uint32 else part)
         if part.dtype == torch.uint32:
             # Few uint32 ops exist; reinterpret as int32 and widen, keeping the 32 bits.
             return part.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
@@ -303,22 +306,32 @@ def quantize(
     )
 
 
-def _group_scales(amax_bits, scheme, fmt, nvfp4):
+def _group_scales(amax_bits, scheme, fmt, nvfp4, on_host: bool = False):
     """(encode multiplier (float32), stored scale (float32 for float scales, else its
     uint8 bytes), poisoned (bool)), one a group, from the groups' |x| maxima: int32
-    patterns of the flushed input, non-finite for a poisoned group (spec §3, §6)."""
+    patterns of the flushed input, non-finite for a poisoned group (spec §3, §6).
+
+    `on_host` (an eager CPU slab, whose flags may be read): where no group is poisoned
+    the selects that only change a poisoned group are left out (on the CPU a
+    `torch.where` costs 20-50x an integer op of its size: docs/performance.md)."""
     poisoned = amax_bits >= _bits.INF_BITS
-    amax_bits = torch.where(poisoned, 0, amax_bits)
+    selects = not on_host or bool(poisoned.any())
+    if selects:
+        amax_bits = torch.where(poisoned, 0, amax_bits)
     if scheme.family == "float":
         m, d = _float_scales(amax_bits, fmt, scheme.pow2)
-        return m, _bits.from_bits(torch.where(poisoned, _bits.NAN_F32, _bits.bits(d))), poisoned
+        if selects:
+            d = _bits.from_bits(torch.where(poisoned, _bits.NAN_F32, _bits.bits(d)))
+        return m, d, poisoned
     if scheme.family == "mx":
-        s = torch.where(poisoned, 0xFF, _mx_scale_bytes(amax_bits, fmt, scheme.mode))
+        s = _mx_scale_bytes(amax_bits, fmt, scheme.mode)
+        if selects:
+            s = torch.where(poisoned, 0xFF, s)
         # 2**(127 - s) is a normal float32 for every finite-group byte s in [0, 253].
-        multiplier = _bits.pow2(127 - torch.where(poisoned, 127, s))
+        multiplier = _bits.pow2(127 - (torch.where(poisoned, 127, s) if selects else s))
         return multiplier, s.to(torch.uint8), poisoned
     if scheme.family == "nvfp4":
-        return _nvfp4_block_scales(amax_bits, poisoned, nvfp4)
+        return _nvfp4_block_scales(amax_bits, poisoned, nvfp4, on_host)
     raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
 
 
@@ -412,9 +425,15 @@ def _in_slabs_of(rows, plan, fmt, random, check_finite: bool, name: str, shape: 
     if check_finite:
         parts = ((start * row_size, rows[start:stop].to(torch.float32)) for start, stop in slabs)
         _check_finite(parts, shape, name)
-    if plan.amax_first:
+    blocks_in_slabs = scheme.tiles(len(plan.shape))[0] is not None
+    if plan.amax_first and scheme.family == "nvfp4" and blocks_in_slabs:
+        # Only the global scale needs every slab: the tensor's amax, one vectorized pass
+        # (the max of the blocks' maxima); the blocks' own are taken slab by slab.
+        tensor_amax = _flushed_max(_amax_over_slabs(rows, plan, whole_tensor=True))
+        nvfp4 = _nvfp4_global(tensor_amax.reshape(1), scheme, rows.device)
+    elif plan.amax_first:
         amax_bits = _flushed_max(_amax_over_slabs(rows, plan))
-    if scheme.family == "nvfp4":
+    if scheme.family == "nvfp4" and nvfp4 is None:
         nvfp4 = _nvfp4_global(amax_bits, scheme, rows.device)
     if amax_bits is not None and scheme.tiles(len(plan.shape))[0] is None:
         scales = _group_scales(amax_bits, scheme, fmt, nvfp4)
@@ -443,8 +462,10 @@ def _in_slabs_of(rows, plan, fmt, random, check_finite: bool, name: str, shape: 
             if amax_bits is not None:
                 slab_amax = amax_bits[groups]
             else:
-                slab_amax = _flushed_max(_groups.group_max(absb, scheme))
-            multiplier, scale[groups], poisoned = _group_scales(slab_amax, scheme, fmt, nvfp4)
+                slab_amax = _flushed_max(_groups.group_max(absb, scheme), on_host=True)
+            multiplier, scale[groups], poisoned = _group_scales(
+                slab_amax, scheme, fmt, nvfp4, on_host=True
+            )
         slab_random = None if random is None else random(start * row_size, tuple(xf.shape))
         if packed and len(plan.shape) == 1:  # two elements a byte along the axis cut
             out = codes[start // 2 : stop // 2]
@@ -467,28 +488,37 @@ def _float32_slab(part: torch.Tensor, scratch: _scratch.Scratch) -> torch.Tensor
     return widened
 
 
-def _amax_over_slabs(rows, plan) -> torch.Tensor:
+def _amax_over_slabs(rows, plan, whole_tensor: bool = False) -> torch.Tensor:
     """The |x| pattern maxima (int32) of the groups of `rows`, which span its slabs (or
-    NVFP4's global scale needs them all), taken a slab at a time. One group (a tensor
-    scale) is read with `torch.aminmax`, one vectorized pass: max(|min|, |max|) is the
-    max of |x|, and a NaN anywhere makes both NaN (torch's min and max propagate it)."""
+    NVFP4's global scale needs them all), taken a slab at a time; with `whole_tensor`,
+    the tensor's (0-d). One group (a tensor scale) is read with `torch.aminmax` in the
+    input's dtype, one vectorized pass: max(|min|, |max|) is the max of |x| (widening
+    to float32 is exact and monotone), and a NaN anywhere makes both NaN (torch's min
+    and max propagate it)."""
     scheme = plan.scheme
-    amax_bits = torch.zeros(scheme.scale_shape(plan.shape), dtype=torch.int32)
+    shape = () if whole_tensor else scheme.scale_shape(plan.shape)
+    amax_bits = torch.zeros(shape, dtype=torch.int32)
     one_group = amax_bits.numel() == 1
     for start, stop in plan.slabs:
-        slab = rows[start:stop].to(torch.float32)
-        if one_group and slab.numel():
-            low, high = torch.aminmax(slab)
-            slab_amax = _bits.abs_bits(torch.stack([low, high])).amax().reshape(amax_bits.shape)
+        part_rows = rows[start:stop]
+        if one_group:
+            if not part_rows.numel():
+                continue
+            low, high = torch.aminmax(part_rows)
+            ends = torch.stack([low, high]).to(torch.float32)
+            slab_amax = _bits.abs_bits(ends).amax().reshape(shape)
         else:
-            slab_amax = _groups.group_max(_bits.abs_bits(slab), scheme)
-        part = amax_bits[plan.groups(start, stop)]
+            slab_amax = _groups.group_max(_bits.abs_bits(part_rows.to(torch.float32)), scheme)
+        part = amax_bits[... if whole_tensor else plan.groups(start, stop)]
         torch.maximum(part, slab_amax, out=part)
     return amax_bits
 
 
-def _flushed_max(amax_bits: torch.Tensor) -> torch.Tensor:
-    """Group maxima of |x| patterns as those of the flushed input: 0 for a subnormal."""
+def _flushed_max(amax_bits: torch.Tensor, on_host: bool = False) -> torch.Tensor:
+    """Group maxima of |x| patterns as those of the flushed input: 0 for a subnormal.
+    `on_host` (CPU, eager): themselves where none is subnormal (the least, read back)."""
+    if on_host and (amax_bits.numel() == 0 or int(torch.amin(amax_bits)) > _bits.MANT_MASK):
+        return amax_bits
     return torch.where(amax_bits <= _bits.MANT_MASK, 0, amax_bits)
 
 
@@ -520,9 +550,10 @@ def _nvfp4_global(block_amax_bits: torch.Tensor | None, scheme, device):
     return s_enc, s_dec, tensor_poisoned
 
 
-def _nvfp4_block_scales(block_amax_bits, block_poisoned, nvfp4):
+def _nvfp4_block_scales(block_amax_bits, block_poisoned, nvfp4, on_host: bool = False):
     """Transformer Engine's NVFP4 block step (spec §3.3), with lowp's poisoning (§6):
-    (the encode multiplier 1/p, the stored e4m3 byte, poisoned) of each block."""
+    (the encode multiplier 1/p, the stored e4m3 byte, poisoned) of each block.
+    `on_host`: the selects are left out where they change nothing (`_group_scales`)."""
     s_enc, s_dec, tensor_poisoned = nvfp4
     block_poisoned = block_poisoned | tensor_poisoned
     block_amax = _bits.from_bits(block_amax_bits)
@@ -532,10 +563,15 @@ def _nvfp4_block_scales(block_amax_bits, block_poisoned, nvfp4):
     sb = _encode.encode(sb_value, _E4M3)
     p = _bits.ftz(_encode.decode(sb, _E4M3) * s_dec)
     p_is_zero = _bits.abs_bits(p) == 0
-    safe_p = torch.where(p_is_zero, 1.0, p)
-    inv = torch.where(
-        p_is_zero, _bits.FLT_MAX, _bits.div_rn32(1.0, safe_p)
-    )  # min(., FLT_MAX) inside
+    if on_host and not bool(p_is_zero.any()):
+        inv = _bits.div_rn32(1.0, p)  # min(., FLT_MAX) inside
+    else:
+        safe_p = torch.where(p_is_zero, 1.0, p)
+        inv = torch.where(
+            p_is_zero, _bits.FLT_MAX, _bits.div_rn32(1.0, safe_p)
+        )  # min(., FLT_MAX) inside
+    if on_host and not bool(block_poisoned.any()):
+        return inv, sb.view(torch.uint8), block_poisoned
     scale_bytes = torch.where(block_poisoned, _E4M3.nan_codes[0], sb.to(torch.int32))
     return inv, scale_bytes.to(torch.uint8), block_poisoned
 

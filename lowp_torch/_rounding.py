@@ -110,9 +110,8 @@ def random_bits_on_host(
     """
     i32 = torch.int32
     x = scratch.take("random", i32, (count,))
-    shifted = scratch.take("random_shifted", i32, (count,))
-    start = scratch.constant(_int32(first * 0x9E3779B9 + seed), i32)
-    torch.add(scratch.index_products(count), start, out=x)
+    shifted = scratch.take("shifted", i32, (count,))
+    torch.add(scratch.index_products(count), _int32(first * 0x9E3779B9 + seed), out=x)
     for shift, multiplier in ((16, 0x21F0AAAD), (15, 0x735A2D97), (15, None)):
         torch.bitwise_right_shift(x, scratch.constant(shift, i32), out=shifted)
         shifted.bitwise_and_(scratch.constant((1 << (32 - shift)) - 1, i32))
@@ -133,7 +132,7 @@ def stochastic_codes_on_host(
     """Spec §4.1's stochastic rounding of each element of an eager CPU slab into the
     uint8 tensor `out`: the element's |v| is the float32 `magnitude` (contiguous, >= 0,
     clamped to fmt.max here; overwritten), its sign bit 31 of the int32 `sign_bits`,
-    its random bits the int32 `random` (uint32 bits).
+    its random bits the int32 `random` (uint32 bits; overwritten).
 
     `lowp._rounding.stochastic_codes` in int32 ops; that docstring derives the two
     parts. Here they are added before the one shift that both end in: with a =
@@ -144,7 +143,8 @@ def stochastic_codes_on_host(
     (k = 23 - mbits of them) times 2**(24 - k) line up with R's 24. MINB * 2**(mbits + 1)
     is a multiple of 2**24, so it is left in and taken off the low byte at the end; the
     int32 sum wraps mod 2**32, which keeps every bit of that byte. `>>>` is the logical
-    shift: an arithmetic one, masked.
+    shift: an arithmetic one, masked. Four slab-sized buffers in all (`random` among
+    them): the fewer, the more of them stay in the cache on a busy machine.
     """
     i32, c = torch.int32, scratch.constant
     min_normal_bits = (128 - fmt.bias) << 23
@@ -156,11 +156,11 @@ def stochastic_codes_on_host(
     a.clamp_(max=min_normal_bits)
     # exact: T, below 2**27
     magnitude.mul_(c(2.0 ** (fmt.mbits - (1 - fmt.bias) + 24), torch.float32))
-    total = scratch.take("total", i32, shape)
-    total.copy_(magnitude)  # truncation: the floor, as magnitude >= 0
     shifted = scratch.take("shifted", i32, shape)
     torch.bitwise_right_shift(random, c(8, i32), out=shifted)
     shifted.bitwise_and_(c(0xFFFFFF, i32))
+    total = random  # its bits are all in `shifted` now
+    total.copy_(magnitude)  # truncation: the floor, as magnitude >= 0
     total.add_(shifted)
     total.add_(normal, alpha=1 << (fmt.mbits + 1))
     total.bitwise_right_shift_(c(24, i32))

@@ -20,15 +20,21 @@ class Scratch:
 
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
+        self._views: dict[tuple, torch.Tensor] = {}
         self._index_products = torch.zeros(0, dtype=torch.int32)
         self._constants: dict[tuple, torch.Tensor] = {}
 
     def take(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        view = self._views.get((name, dtype, shape))
+        if view is not None:  # the slabs of a call mostly share one shape
+            return view
         size = math.prod(shape)
         buffer = self._buffers.get(name)
         if buffer is None or buffer.dtype != dtype or buffer.numel() < size:
             buffer = self._buffers[name] = torch.empty(size, dtype=dtype)
-        return buffer[:size].view(shape)
+            self._views = {key: v for key, v in self._views.items() if key[0] != name}
+        view = self._views[(name, dtype, shape)] = buffer[:size].view(shape)
+        return view
 
     def constant(self, value, dtype: torch.dtype) -> torch.Tensor:
         """`value` as a 0-d tensor of `dtype` (made once), an operand ATen takes as is."""
