@@ -74,16 +74,40 @@ def encode(v: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     return code.to(torch.uint8)
 
 
-def native_float8(fmt: lowp.Format) -> torch.dtype | None:
-    """torch's dtype of a float8 element format (whose eager cast is E_fmt in range),
-    else None (float6, float4)."""
-    return _NATIVE_FLOAT8.get(fmt.name)
+# A float6 format and the float8 format with its mantissa width: scaled by 2**-(the
+# difference of their biases), a float6 value's exponent field, mantissa and subnormal
+# grid are the float8 value's, so the float8 code of the scaled value is the float6
+# code with the sign moved down two bits (every float6 magnitude is far below the
+# float8 max, and the scaling is exact down to the float32 subnormals, which both
+# encode to a signed zero).
+_CARRIERS = {"float6_e2m3fn": "float8_e4m3fn", "float6_e3m2fn": "float8_e5m2"}
 
 
-def float8_codes_on_host(v: torch.Tensor, fmt: lowp.Format, out: torch.Tensor) -> None:
-    """`encode` of float32 `v` (|v| <= fmt.max) for a float8 `fmt`, cast by torch
-    straight into the uint8 tensor `out` of v's shape (eager)."""
-    out.view(_NATIVE_FLOAT8[fmt.name]).copy_(v)
+def cast_on_host(fmt: lowp.Format) -> bool:
+    """Whether `float8_codes_on_host` encodes `fmt`: float8 and float6, not float4."""
+    return fmt.name in _NATIVE_FLOAT8 or fmt.name in _CARRIERS
+
+
+def float8_codes_on_host(
+    v: torch.Tensor, fmt: lowp.Format, scratch: _scratch.Scratch, out: torch.Tensor
+) -> None:
+    """`encode` of the contiguous float32 `v` (|v| <= fmt.max; overwritten for float6)
+    into the uint8 tensor `out` of its shape, in eager mode: float8 by torch's cast
+    straight into `out`, float6 by the cast to its carrier float8 (`_CARRIERS`) of v
+    times 2**-(bias difference), its sign bit moved from bit 7 to bit 5."""
+    carrier = _CARRIERS.get(fmt.name)
+    if carrier is None:
+        out.view(_NATIVE_FLOAT8[fmt.name]).copy_(v)
+        return
+    shift = lowp.FORMATS[carrier].bias - fmt.bias
+    v.mul_(scratch.constant(2.0**-shift, torch.float32))  # exact: a power of two
+    codes = scratch.take("carrier", torch.uint8, tuple(v.shape))
+    codes.view(_NATIVE_FLOAT8[carrier]).copy_(v)
+    u8, c = torch.uint8, scratch.constant
+    torch.bitwise_and(codes, c(0x1F, u8), out=out)  # exponent and mantissa
+    codes.bitwise_right_shift_(c(2, u8))
+    codes.bitwise_and_(c(0x20, u8))  # the sign, now at bit 5
+    out.bitwise_or_(codes)
 
 
 def nearest_codes_on_host(

@@ -306,14 +306,15 @@ def quantize(
     )
 
 
-def _group_scales(amax_bits, scheme, fmt, nvfp4, on_host: bool = False):
+def _group_scales(amax_bits, scheme, fmt, nvfp4, on_host: bool = False, inverses=None):
     """(encode multiplier (float32), stored scale (float32 for float scales, else its
     uint8 bytes), poisoned (bool)), one a group, from the groups' |x| maxima: int32
     patterns of the flushed input, non-finite for a poisoned group (spec §3, §6).
 
     `on_host` (an eager CPU slab, whose flags may be read): where no group is poisoned
     the selects that only change a poisoned group are left out (on the CPU a
-    `torch.where` costs 20-50x an integer op of its size: docs/performance.md)."""
+    `torch.where` costs 20-50x an integer op of its size: docs/performance.md), and
+    NVFP4's 1/p is read from `inverses` (`_nvfp4_inverses`)."""
     poisoned = amax_bits >= _bits.INF_BITS
     selects = not on_host or bool(poisoned.any())
     if selects:
@@ -331,7 +332,9 @@ def _group_scales(amax_bits, scheme, fmt, nvfp4, on_host: bool = False):
         multiplier = _bits.pow2(127 - (torch.where(poisoned, 127, s) if selects else s))
         return multiplier, s.to(torch.uint8), poisoned
     if scheme.family == "nvfp4":
-        return _nvfp4_block_scales(amax_bits, poisoned, nvfp4, on_host)
+        if on_host:
+            return _nvfp4_block_scales_on_host(amax_bits, poisoned, nvfp4, inverses)
+        return _nvfp4_block_scales(amax_bits, poisoned, nvfp4)
     raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
 
 
@@ -352,7 +355,8 @@ def _element_codes_on_host(
     to the signed zero its flush gives, in every element format and either rounding) and
     the poison mask where no group is poisoned (a host read of the flags).
 
-    float8 to nearest is the clamped product cast by torch; the other element steps
+    float8 and float6 to nearest are the clamped product cast by torch (float6 through
+    a float8 carrier); the other element steps
     (`_encode.nearest_codes_on_host`, `_rounding.stochastic_codes_on_host`) take the
     product's magnitude |x| * m, made from `absb` (|x| patterns of `xf`, or None), and
     the sign of x, and clamp the magnitude's pattern themselves.
@@ -363,11 +367,10 @@ def _element_codes_on_host(
         absb = None
     packed = fmt.name == "float4_e2m1fn"
     codes = scratch.take("unpacked", torch.uint8, shape) if packed else out
-    if random is None and _encode.native_float8(fmt) is not None:
+    if random is None and _encode.cast_on_host(fmt):
         v = _multiply_on_host(xf, multiplier, scheme, scratch.take("v", torch.float32, shape))
-        # NVFP4's x * (1/p) may overflow (1/p = FLT_MAX where p is 0): the clamp bounds it.
         v.clamp_(-fmt.max, fmt.max)
-        _encode.float8_codes_on_host(v, fmt, codes)
+        _encode.float8_codes_on_host(v, fmt, scratch, codes)
     else:
         if absb is None:
             absb = scratch.take("absb", torch.int32, shape)
@@ -435,6 +438,7 @@ def _in_slabs_of(rows, plan, fmt, random, check_finite: bool, name: str, shape: 
         amax_bits = _flushed_max(_amax_over_slabs(rows, plan))
     if scheme.family == "nvfp4" and nvfp4 is None:
         nvfp4 = _nvfp4_global(amax_bits, scheme, rows.device)
+    inverses = None if nvfp4 is None else _nvfp4_inverses(nvfp4)
     if amax_bits is not None and scheme.tiles(len(plan.shape))[0] is None:
         scales = _group_scales(amax_bits, scheme, fmt, nvfp4)
     packed = fmt.name == "float4_e2m1fn"
@@ -464,7 +468,7 @@ def _in_slabs_of(rows, plan, fmt, random, check_finite: bool, name: str, shape: 
             else:
                 slab_amax = _flushed_max(_groups.group_max(absb, scheme), on_host=True)
             multiplier, scale[groups], poisoned = _group_scales(
-                slab_amax, scheme, fmt, nvfp4, on_host=True
+                slab_amax, scheme, fmt, nvfp4, on_host=True, inverses=inverses
             )
         slab_random = None if random is None else random(start * row_size, tuple(xf.shape))
         if packed and len(plan.shape) == 1:  # two elements a byte along the axis cut
@@ -550,10 +554,9 @@ def _nvfp4_global(block_amax_bits: torch.Tensor | None, scheme, device):
     return s_enc, s_dec, tensor_poisoned
 
 
-def _nvfp4_block_scales(block_amax_bits, block_poisoned, nvfp4, on_host: bool = False):
+def _nvfp4_block_scales(block_amax_bits, block_poisoned, nvfp4):
     """Transformer Engine's NVFP4 block step (spec §3.3), with lowp's poisoning (§6):
-    (the encode multiplier 1/p, the stored e4m3 byte, poisoned) of each block.
-    `on_host`: the selects are left out where they change nothing (`_group_scales`)."""
+    (the encode multiplier 1/p, the stored e4m3 byte, poisoned) of each block."""
     s_enc, s_dec, tensor_poisoned = nvfp4
     block_poisoned = block_poisoned | tensor_poisoned
     block_amax = _bits.from_bits(block_amax_bits)
@@ -563,15 +566,39 @@ def _nvfp4_block_scales(block_amax_bits, block_poisoned, nvfp4, on_host: bool = 
     sb = _encode.encode(sb_value, _E4M3)
     p = _bits.ftz(_encode.decode(sb, _E4M3) * s_dec)
     p_is_zero = _bits.abs_bits(p) == 0
-    if on_host and not bool(p_is_zero.any()):
-        inv = _bits.div_rn32(1.0, p)  # min(., FLT_MAX) inside
-    else:
-        safe_p = torch.where(p_is_zero, 1.0, p)
-        inv = torch.where(
-            p_is_zero, _bits.FLT_MAX, _bits.div_rn32(1.0, safe_p)
-        )  # min(., FLT_MAX) inside
-    if on_host and not bool(block_poisoned.any()):
-        return inv, sb.view(torch.uint8), block_poisoned
+    safe_p = torch.where(p_is_zero, 1.0, p)
+    inv = torch.where(
+        p_is_zero, _bits.FLT_MAX, _bits.div_rn32(1.0, safe_p)
+    )  # min(., FLT_MAX) inside
+    scale_bytes = torch.where(block_poisoned, _E4M3.nan_codes[0], sb.to(torch.int32))
+    return inv, scale_bytes.to(torch.uint8), block_poisoned
+
+
+def _nvfp4_inverses(nvfp4) -> torch.Tensor:
+    """(256,) float32: the encode multiplier 1/p of `_nvfp4_block_scales` for each e4m3
+    byte sb a block can store (p = ftz(value(sb) * S_dec)): an eager CPU call reads
+    each block's from here instead of repeating the block step's dozen ops."""
+    every_byte = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    p = _bits.ftz(_encode.decode(every_byte, _E4M3) * nvfp4[1])
+    p_is_zero = _bits.abs_bits(p) == 0
+    safe_p = torch.where(p_is_zero, 1.0, p)
+    return torch.where(p_is_zero, _bits.FLT_MAX, _bits.div_rn32(1.0, safe_p))
+
+
+def _nvfp4_block_scales_on_host(block_amax_bits, block_poisoned, nvfp4, inverses):
+    """`_nvfp4_block_scales` of an eager CPU slab: the same bytes and multipliers, 1/p
+    read from `inverses` by each block's byte, the selects only where a block is
+    poisoned. The product amax * k is not flushed: a float32 subnormal encodes to
+    byte 0, as its flush does."""
+    s_enc, _, tensor_poisoned = nvfp4
+    block_poisoned = block_poisoned | tensor_poisoned
+    k = s_enc * _ONE_SIXTH
+    # amax*k may overflow to Inf: the min bounds it.
+    sb_value = torch.clamp(_bits.from_bits(block_amax_bits) * k, max=448.0)
+    sb = _encode.encode(sb_value, _E4M3)
+    inv = torch.index_select(inverses, 0, sb.reshape(-1).to(torch.int32)).reshape(sb.shape)
+    if not bool(block_poisoned.any()):
+        return inv, sb, block_poisoned
     scale_bytes = torch.where(block_poisoned, _E4M3.nan_codes[0], sb.to(torch.int32))
     return inv, scale_bytes.to(torch.uint8), block_poisoned
 

@@ -116,7 +116,7 @@ def test_torch_encoder_truncating_is_caught(backend):
         patch.setattr(
             _encode,
             "float8_codes_on_host",
-            lambda v, fmt, out: original_on_host(truncated(v, fmt), fmt, out),
+            lambda v, fmt, scratch, out: original_on_host(truncated(v, fmt), fmt, scratch, out),
         )
 
     _assert_caught(backend, TENSOR, "random", mutation, "codes")
