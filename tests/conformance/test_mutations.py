@@ -84,9 +84,9 @@ def test_numpy_rceil_as_floor_is_caught(backend):
 def test_numpy_encoder_truncating_is_caught(backend):
     original = _rounding.nearest_codes  # what quantize calls (after its clamp)
 
-    def truncating(v, fmt):
+    def truncating(v, fmt, scratch=None):
         keep = np.uint32(0xFFFFFFFF) << np.uint32(23 - fmt.mbits)
-        return original(_bits.from_bits(_bits.bits(v) & keep), fmt)
+        return original(_bits.from_bits(_bits.bits(v) & keep), fmt, scratch)
 
     _assert_caught(
         backend,
