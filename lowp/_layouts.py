@@ -16,9 +16,16 @@ def pack_fp4(codes: np.ndarray) -> np.ndarray:
         raise ValueError(f"float4 packing needs an even last dim, got shape {codes.shape}")
     if codes.size and codes.max() > 0x0F:
         raise ValueError(f"pack_fp4: {int(codes.max())} is not a 4-bit code (0..15)")
-    low = codes[..., 0::2] & np.uint8(0x0F)
-    high = codes[..., 1::2] & np.uint8(0x0F)
-    return (low | (high << np.uint8(4))).astype(np.uint8)
+    return pack_checked_fp4(codes)
+
+
+def pack_checked_fp4(codes: np.ndarray) -> np.ndarray:
+    """`pack_fp4` of uint8 codes already known to be 4-bit, with an even last dim (the
+    quantizer's own): each pair read as one little-endian uint16 w (element 2j in the
+    low byte), whose low byte after w | (w >> 4) is the packed byte; two passes over
+    half as many items instead of two strided slices."""
+    pairs = np.ascontiguousarray(codes).view("<u2")
+    return (pairs | (pairs >> np.uint16(4))).astype(np.uint8)
 
 
 def unpack_fp4(packed: np.ndarray) -> np.ndarray:

@@ -153,6 +153,18 @@ def _abs_bits(rows: np.ndarray) -> np.ndarray:
     return _bits.abs_bits(np.ascontiguousarray(rows, dtype=np.float32))
 
 
+def _max_abs_bits(rows: np.ndarray) -> np.uint32:
+    """The largest |x| pattern of a slab (0 if empty): for float32, from its least and
+    greatest value (two reductions that read it and write nothing; either is NaN where
+    any element is, and a NaN's pattern is above every other), else of `_abs_bits`."""
+    if rows.size == 0:
+        return np.uint32(0)
+    if rows.dtype != np.float32:
+        return np.max(_abs_bits(rows))
+    ends = np.array([np.min(rows), np.max(rows)], np.float32)
+    return np.max(_bits.abs_bits(ends))
+
+
 def _flushed_group_max(absb: np.ndarray, scheme: _schemes.Scheme) -> np.ndarray:
     """The amax bits of each group of ftz(x): flushing is monotone on |x| patterns, so
     the max of the unflushed patterns, flushed."""
@@ -254,15 +266,24 @@ def quantize(
     packed = fmt.name == "float4_e2m1fn"
     row_size = plan.row_size
 
-    # Groups that span axis 0, and NVFP4's global scale, need every slab's amax first.
+    # Groups that span axis 0, and NVFP4's global scale, need every slab's amax first;
+    # where NVFP4's blocks lie within slabs, only the tensor's (the max of the blocks').
     amax_bits = None
-    if plan.amax_first:
+    nvfp4 = None
+    if plan.amax_first and scheme.family == "nvfp4" and row_scheme.tiles(rows.ndim)[0]:
+        tensor_amax = np.uint32(0)
+        for start, stop in slabs:
+            tensor_amax = max(tensor_amax, _max_abs_bits(rows[start:stop]))
+        tensor_amax = np.uint32(0) if tensor_amax <= _bits.MANT_MASK else tensor_amax
+        nvfp4 = _nvfp4_global(np.asarray(tensor_amax), scheme)
+    elif plan.amax_first:
         amax_bits = np.zeros(row_scheme.scale_shape(rows.shape), np.uint32)
         for start, stop in slabs:
             part = amax_bits[plan.groups(start, stop)]
             np.maximum(part, _groups.group_max(_abs_bits(rows[start:stop]), row_scheme), out=part)
         amax_bits = np.where(amax_bits <= _bits.MANT_MASK, np.uint32(0), amax_bits)
-    nvfp4 = _nvfp4_global(amax_bits, scheme) if scheme.family == "nvfp4" else None
+    if scheme.family == "nvfp4" and nvfp4 is None:
+        nvfp4 = _nvfp4_global(amax_bits, scheme)
 
     codes = np.empty(rows.shape[:-1] + (rows.shape[-1] // 2,) if packed else rows.shape, np.uint8)
     scale_dtype = np.float32 if scheme.family == "float" else np.uint8
@@ -315,9 +336,9 @@ def quantize(
         if not packed:
             codes[start:stop] = slab_codes
         elif rows.ndim == 1:  # two elements a byte along the one axis the slabs cut
-            codes[start // 2 : stop // 2] = _layouts.pack_fp4(slab_codes)
+            codes[start // 2 : stop // 2] = _layouts.pack_checked_fp4(slab_codes)
         else:
-            codes[start:stop] = _layouts.pack_fp4(slab_codes)
+            codes[start:stop] = _layouts.pack_checked_fp4(slab_codes)
 
     global_scale = None
     if nvfp4 is not None and scheme.global_scale:  # type: ignore[union-attr]

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 import lowp
-from lowp_torch import _bits, _layouts, _storage
+from lowp_torch import _bits, _layouts, _scratch, _storage
 
 _NATIVE_FLOAT8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
 
@@ -72,6 +72,96 @@ def encode(v: torch.Tensor, fmt: lowp.Format) -> torch.Tensor:
     magnitude = ((field - 1) << fmt.mbits) + kept + round_up
     code = (sign << (fmt.ebits + fmt.mbits)) | magnitude
     return code.to(torch.uint8)
+
+
+# A float6 format and the float8 format with its mantissa width: scaled by 2**-(the
+# difference of their biases), a float6 value's exponent field, mantissa and subnormal
+# grid are the float8 value's, so the float8 code of the scaled value is the float6
+# code with the sign moved down two bits (every float6 magnitude is far below the
+# float8 max, and the scaling is exact down to the float32 subnormals, which both
+# encode to a signed zero).
+_CARRIERS = {"float6_e2m3fn": "float8_e4m3fn", "float6_e3m2fn": "float8_e5m2"}
+
+
+def cast_on_host(fmt: lowp.Format) -> bool:
+    """Whether `float8_codes_on_host` encodes `fmt`: float8 and float6, not float4."""
+    return fmt.name in _NATIVE_FLOAT8 or fmt.name in _CARRIERS
+
+
+def float8_codes_on_host(
+    v: torch.Tensor, fmt: lowp.Format, scratch: _scratch.Scratch, out: torch.Tensor
+) -> None:
+    """`encode` of the contiguous float32 `v` (|v| <= fmt.max; overwritten for float6)
+    into the uint8 tensor `out` of its shape, in eager mode: float8 by torch's cast
+    straight into `out`, float6 by the cast to its carrier float8 (`_CARRIERS`) of v
+    times 2**-(bias difference), its sign bit moved from bit 7 to bit 5."""
+    carrier = _CARRIERS.get(fmt.name)
+    if carrier is None:
+        out.view(_NATIVE_FLOAT8[fmt.name]).copy_(v)
+        return
+    shift = lowp.FORMATS[carrier].bias - fmt.bias
+    v.mul_(scratch.constant(2.0**-shift, torch.float32))  # exact: a power of two
+    codes = scratch.take("carrier", torch.uint8, tuple(v.shape))
+    codes.view(_NATIVE_FLOAT8[carrier]).copy_(v)
+    u8, c = torch.uint8, scratch.constant
+    torch.bitwise_and(codes, c(0x1F, u8), out=out)  # exponent and mantissa
+    codes.bitwise_right_shift_(c(2, u8))
+    codes.bitwise_and_(c(0x20, u8))  # the sign, now at bit 5
+    out.bitwise_or_(codes)
+
+
+def nearest_codes_on_host(
+    magnitude: torch.Tensor,
+    sign_bits: torch.Tensor,
+    fmt: lowp.Format,
+    scratch: _scratch.Scratch,
+    out: torch.Tensor,
+) -> None:
+    """E_fmt of each element of an eager CPU slab, into the uint8 tensor `out`: the
+    element's |v| is the float32 `magnitude` (contiguous, >= 0, clamped to fmt.max here;
+    overwritten), its sign bit 31 of the int32 `sign_bits`. A dozen int32 passes on
+    reused buffers, where `encode`'s port allocates twenty-odd temporaries.
+
+    With a = min(magnitude's pattern, fmt.max's), k = 23 - mbits and MINB the pattern of
+    the format's smallest normal 2**(1 - bias), the magnitude code is the sum of two parts:
+    - at or above MINB: a' = max(a, MINB) rounded to nearest even at bit k, an integer
+      carry that rolls into the exponent field, (a' + 2**(k-1) - 1 + ((a' >> k) & 1))
+      >> k, which is the code plus C = (128 - bias) << mbits less 2**mbits (C exactly
+      below MINB);
+    - below MINB, the subnormal grid's step s = 2**(emin - mbits): min(a, MINB) + B in
+      float32, where B = 2**(emin - mbits + 23) has ulp s, rounds to the nearest
+      multiple of s, ties to the even one; its pattern is B's plus that multiple
+      (2**mbits at or above MINB).
+    B's pattern is a multiple of 256 and only the low byte is kept, so the sum less C
+    (mod 256), with the sign bit added, is the code. A float32 subnormal gives 0 in both.
+    """
+    i32, c = torch.int32, scratch.constant
+    k, min_normal_bits = 23 - fmt.mbits, (128 - fmt.bias) << 23
+    grid_step_exponent = (1 - fmt.bias) - fmt.mbits
+    a = _bits.bits(magnitude)
+    shape = tuple(magnitude.shape)
+    normal = scratch.take("normal", i32, shape)
+    odd = scratch.take("shifted", i32, shape)
+    # clamp's bounds stay Python numbers: with tensor bounds ATen takes a slower kernel
+    torch.clamp(a, min_normal_bits, max_bits(fmt), out=normal)
+    torch.bitwise_right_shift(normal, c(k, i32), out=odd)
+    odd.bitwise_and_(c(1, i32))
+    normal.add_(odd)
+    normal.add_(c((1 << (k - 1)) - 1, i32))
+    normal.bitwise_right_shift_(c(k, i32))
+    a.clamp_(max=min_normal_bits)
+    # one RNE add onto B's grid: exact
+    magnitude.add_(c(2.0 ** (grid_step_exponent + 23), torch.float32))
+    normal.add_(a)  # B's pattern, a multiple of 2**23, drops out of the low byte
+    torch.bitwise_right_shift(sign_bits, c(31, i32), out=odd)  # -1 where negative, else 0
+    normal.sub_(odd, alpha=1 << (fmt.ebits + fmt.mbits))
+    out.copy_(normal)  # int32 -> uint8 keeps the low byte
+    out.sub_(c(((128 - fmt.bias) << fmt.mbits) & 0xFF, torch.uint8))  # C mod 256: wraps
+
+
+def max_bits(fmt: lowp.Format) -> int:
+    """The float32 pattern of fmt.max."""
+    return int(np.float32(fmt.max).view(np.int32))
 
 
 def _midpoint_keys(fmt: lowp.Format) -> tuple[int, ...]:

@@ -32,6 +32,7 @@ from lowp_torch import (
     _layouts,
     _qtensor,
     _rounding,
+    _scratch,
     _storage,
 )
 
@@ -73,14 +74,24 @@ def _hp_input(t, name: str) -> torch.Tensor:
     return t.detach()
 
 
-def _random_for(t, rounding, random_bits, seed, offset, name):
+def _random_for(t, rounding, random_bits, seed, offset, name, on_host: bool = False):
     """The bits stochastic rounding consumes, or None for nearest rounding: a function
     of a slab's first flat index in `t` and its shape, giving one uint32 (in int64) per
     element of the slab, the bits of those elements in the whole tensor (spec §4: a
-    function of each element's index, so slabs change no bit)."""
+    function of each element's index, so slabs change no bit). `on_host` (the eager CPU
+    slabs): the same 32 bits as int32, what `_rounding.stochastic_codes_on_host` reads."""
     source = extend.random_source(rounding, random_bits, seed, offset == 0, name)
     if source == "none":
         return None
+    if source == "seed" and on_host:
+        scratch = _scratch.Scratch()
+
+        def from_seed_on_host(first: int, shape: tuple) -> torch.Tensor:
+            at = int(offset) + first  # an int, or a 0-d int64 CPU tensor read here
+            bits = _rounding.random_bits_on_host(seed, at, math.prod(shape), scratch)
+            return bits.view(shape)
+
+        return from_seed_on_host
     if source == "seed":
 
         def from_seed(first: int, shape: tuple) -> torch.Tensor:
@@ -105,8 +116,13 @@ def _random_for(t, rounding, random_bits, seed, offset, name):
         raise ValueError(f"{name}: random_bits is on {random_bits.device}, the input on {t.device}")
     flat = random_bits.reshape(-1)
 
+    scratch = _scratch.Scratch()
+
     def given(first: int, shape: tuple) -> torch.Tensor:
         part = flat[first : first + math.prod(shape)].reshape(shape)
+        if on_host:  # the low 32 bits as int32, a copy (the element step overwrites it)
+            bits = scratch.take("random", torch.int32, shape)
+            return bits.copy_(part.view(torch.int32) if part.dtype == torch.uint32 else part)
         if part.dtype == torch.uint32:
             # Few uint32 ops exist; reinterpret as int32 and widen, keeping the 32 bits.
             return part.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
@@ -138,17 +154,15 @@ def _check_finite(slabs, shape: tuple, name: str) -> None:
         )
 
 
-def _encode_elements(v, fmt, random, poisoned, scheme, on_host: bool) -> torch.Tensor:
+def _encode_elements(v, fmt, random, poisoned, scheme) -> torch.Tensor:
     """Clamp the flushed `v` to ±max and round to uint8 codes; code 0 in poisoned groups.
 
     `poisoned`: bool, one a group of `scheme`. Clamping to the normal ±max makes no
     subnormal, so v stays flushed; NaN (in poisoned groups only) becomes +0.0 there,
-    whose code is 0 under either rounding. `on_host` (an eager CPU slab, whose flags
-    may be read): where no group is poisoned there is nothing to clear.
+    whose code is 0 under either rounding.
     """
     v = torch.clamp(v, -fmt.max, fmt.max)
-    if not on_host or bool(poisoned.any()):
-        v = _bits.from_bits(_bits.bits(v) & ~_poison_mask(poisoned, scheme, tuple(v.shape)))
+    v = _bits.from_bits(_bits.bits(v) & ~_poison_mask(poisoned, scheme, tuple(v.shape)))
     return _rounding.round_elements(v, fmt, random).to(torch.uint8)
 
 
@@ -249,10 +263,11 @@ def quantize(
     x = _hp_input(t, name)
     shape = tuple(x.shape)  # SymInts stay symbolic under torch.compile (no recompile per M)
     scheme.check_shape(shape)
-    random = _random_for(x, rounding, random_bits, seed, offset, name)
+    on_host = _in_slabs(t)
+    random = _random_for(x, rounding, random_bits, seed, offset, name, on_host)
     fmt = extend.element_format(scheme.fmt)
     extend.check_chunk_elements(chunk_elements, name)
-    if _in_slabs(t):
+    if on_host:
         plan = extend.slab_plan(
             shape, scheme, chunk_elements, contiguous=x.is_contiguous(), name=name
         )
@@ -291,43 +306,97 @@ def quantize(
     )
 
 
-def _group_scales(amax_bits, scheme, fmt, nvfp4):
+def _group_scales(amax_bits, scheme, fmt, nvfp4, on_host: bool = False, inverses=None):
     """(encode multiplier (float32), stored scale (float32 for float scales, else its
     uint8 bytes), poisoned (bool)), one a group, from the groups' |x| maxima: int32
-    patterns of the flushed input, non-finite for a poisoned group (spec §3, §6)."""
+    patterns of the flushed input, non-finite for a poisoned group (spec §3, §6).
+
+    `on_host` (an eager CPU slab, whose flags may be read): where no group is poisoned
+    the selects that only change a poisoned group are left out (on the CPU a
+    `torch.where` costs 20-50x an integer op of its size: docs/performance.md), and
+    NVFP4's 1/p is read from `inverses` (`_nvfp4_inverses`)."""
     poisoned = amax_bits >= _bits.INF_BITS
-    amax_bits = torch.where(poisoned, 0, amax_bits)
+    selects = not on_host or bool(poisoned.any())
+    if selects:
+        amax_bits = torch.where(poisoned, 0, amax_bits)
     if scheme.family == "float":
         m, d = _float_scales(amax_bits, fmt, scheme.pow2)
-        return m, _bits.from_bits(torch.where(poisoned, _bits.NAN_F32, _bits.bits(d))), poisoned
+        if selects:
+            d = _bits.from_bits(torch.where(poisoned, _bits.NAN_F32, _bits.bits(d)))
+        return m, d, poisoned
     if scheme.family == "mx":
-        s = torch.where(poisoned, 0xFF, _mx_scale_bytes(amax_bits, fmt, scheme.mode))
+        s = _mx_scale_bytes(amax_bits, fmt, scheme.mode)
+        if selects:
+            s = torch.where(poisoned, 0xFF, s)
         # 2**(127 - s) is a normal float32 for every finite-group byte s in [0, 253].
-        multiplier = _bits.pow2(127 - torch.where(poisoned, 127, s))
+        multiplier = _bits.pow2(127 - (torch.where(poisoned, 127, s) if selects else s))
         return multiplier, s.to(torch.uint8), poisoned
     if scheme.family == "nvfp4":
+        if on_host:
+            return _nvfp4_block_scales_on_host(amax_bits, poisoned, nvfp4, inverses)
         return _nvfp4_block_scales(amax_bits, poisoned, nvfp4)
     raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
 
 
-def _element_codes(xf, multiplier, poisoned, scheme, fmt, random, on_host: bool = False):
+def _element_codes(xf, multiplier, poisoned, scheme, fmt, random):
     """The codes of the flushed float32 `xf` (packed for float4): each element times its
-    group's multiplier, flushed, clamped to ±max, rounded; code 0 in poisoned groups.
+    group's multiplier, flushed, clamped to ±max, rounded; code 0 in poisoned groups."""
+    v = _bits.ftz(xf * _groups.expand(multiplier, scheme, tuple(xf.shape)))
+    codes = _encode_elements(v, fmt, random, poisoned, scheme)
+    return _layouts.pack_fp4(codes) if fmt.name == "float4_e2m1fn" else codes
 
-    `on_host` (an eager CPU slab) skips the work that changes no code: the flush of the
-    products (a float32 subnormal rounds to the signed zero its flush gives, in every
-    element format and either rounding) and the poison mask where nothing is poisoned
-    (`_encode_elements`)."""
+
+def _element_codes_on_host(
+    xf, absb, multiplier, poisoned, scheme, fmt, random, scratch, out
+) -> None:
+    """`_element_codes` of an eager CPU slab, written into `out` (the slab's part of the
+    codes), every element-sized intermediate in a reused `scratch` buffer, and the work
+    that changes no code left out: the flush of the products (a float32 subnormal rounds
+    to the signed zero its flush gives, in every element format and either rounding) and
+    the poison mask where no group is poisoned (a host read of the flags).
+
+    float8 and float6 to nearest are the clamped product cast by torch (float6 through
+    a float8 carrier); the other element steps
+    (`_encode.nearest_codes_on_host`, `_rounding.stochastic_codes_on_host`) take the
+    product's magnitude |x| * m, made from `absb` (|x| patterns of `xf`, or None), and
+    the sign of x, and clamp the magnitude's pattern themselves.
+    """
+    shape = tuple(xf.shape)
+    if bool(poisoned.any()):  # their elements become +0.0: code 0 under either rounding
+        xf = _bits.from_bits(_bits.bits(xf) & ~_poison_mask(poisoned, scheme, shape))
+        absb = None
+    packed = fmt.name == "float4_e2m1fn"
+    codes = scratch.take("unpacked", torch.uint8, shape) if packed else out
+    if random is None and _encode.cast_on_host(fmt):
+        v = _multiply_on_host(xf, multiplier, scheme, scratch.take("v", torch.float32, shape))
+        v.clamp_(-fmt.max, fmt.max)
+        _encode.float8_codes_on_host(v, fmt, scratch, codes)
+    else:
+        if absb is None:
+            absb = scratch.take("absb", torch.int32, shape)
+            torch.bitwise_and(_bits.bits(xf), _bits.ABS, out=absb)
+        magnitude = scratch.take("v", torch.float32, shape)
+        _multiply_on_host(absb.view(torch.float32), multiplier, scheme, magnitude)
+        if random is None:
+            _encode.nearest_codes_on_host(magnitude, _bits.bits(xf), fmt, scratch, codes)
+        else:
+            _rounding.stochastic_codes_on_host(
+                magnitude, _bits.bits(xf), fmt, random, scratch, codes
+            )
+    if packed:
+        _layouts.pack_fp4_on_host(codes, scratch, out)
+
+
+def _multiply_on_host(xf, multiplier, scheme, out) -> torch.Tensor:
+    """`out` = each element of `xf` times its group's multiplier (float32, one product
+    rounded once), in the split view where the slab holds whole tiles."""
     shape = tuple(xf.shape)
     grid, full, padded = extend.group_broadcast(shape, scheme)
-    if on_host and tuple(padded) == shape:  # whole tiles: multiply in the split view
-        v = (xf.reshape(full) * multiplier.reshape(grid)).reshape(shape)
+    if tuple(padded) == shape:
+        torch.mul(xf.reshape(full), multiplier.reshape(grid), out=out.view(full))
     else:
-        v = xf * _groups.expand(multiplier, scheme, shape)
-    if not on_host:
-        v = _bits.ftz(v)
-    codes = _encode_elements(v, fmt, random, poisoned, scheme, on_host)
-    return _layouts.pack_fp4(codes) if fmt.name == "float4_e2m1fn" else codes
+        torch.mul(xf, _groups.expand(multiplier, scheme, shape), out=out)
+    return out
 
 
 def _in_slabs(t: torch.Tensor) -> bool:
@@ -359,10 +428,17 @@ def _in_slabs_of(rows, plan, fmt, random, check_finite: bool, name: str, shape: 
     if check_finite:
         parts = ((start * row_size, rows[start:stop].to(torch.float32)) for start, stop in slabs)
         _check_finite(parts, shape, name)
-    if plan.amax_first:
+    blocks_in_slabs = scheme.tiles(len(plan.shape))[0] is not None
+    if plan.amax_first and scheme.family == "nvfp4" and blocks_in_slabs:
+        # Only the global scale needs every slab: the tensor's amax, one vectorized pass
+        # (the max of the blocks' maxima); the blocks' own are taken slab by slab.
+        tensor_amax = _flushed_max(_amax_over_slabs(rows, plan, whole_tensor=True))
+        nvfp4 = _nvfp4_global(tensor_amax.reshape(1), scheme, rows.device)
+    elif plan.amax_first:
         amax_bits = _flushed_max(_amax_over_slabs(rows, plan))
-    if scheme.family == "nvfp4":
+    if scheme.family == "nvfp4" and nvfp4 is None:
         nvfp4 = _nvfp4_global(amax_bits, scheme, rows.device)
+    inverses = None if nvfp4 is None else _nvfp4_inverses(nvfp4)
     if amax_bits is not None and scheme.tiles(len(plan.shape))[0] is None:
         scales = _group_scales(amax_bits, scheme, fmt, nvfp4)
     packed = fmt.name == "float4_e2m1fn"
@@ -373,13 +449,16 @@ def _in_slabs_of(rows, plan, fmt, random, check_finite: bool, name: str, shape: 
     else:
         scale_dtype = torch.float32 if scheme.family == "float" else torch.uint8
         scale = torch.empty(scheme.scale_shape(plan.shape), dtype=scale_dtype)
+    scratch = _scratch.Scratch()
     for start, stop in slabs:
         groups = plan.groups(start, stop)
-        xf = rows[start:stop].to(torch.float32)
+        xf = _float32_slab(rows[start:stop], scratch)
         absb = None
         if scheme.family != "float" or amax_bits is None:
-            absb = _bits.abs_bits(xf)
-        if scheme.family != "float" and _has_subnormal(absb):
+            absb = scratch.take("absb", torch.int32, tuple(xf.shape))
+            torch.bitwise_and(_bits.bits(xf), _bits.ABS, out=absb)
+        flushed = scheme.family != "float" and _has_subnormal(absb)
+        if flushed:
             xf = _bits.ftz(xf)
         if scales is not None:
             multiplier, _, poisoned = scales
@@ -387,46 +466,76 @@ def _in_slabs_of(rows, plan, fmt, random, check_finite: bool, name: str, shape: 
             if amax_bits is not None:
                 slab_amax = amax_bits[groups]
             else:
-                slab_amax = _flushed_max(_groups.group_max(absb, scheme))
-            multiplier, scale[groups], poisoned = _group_scales(slab_amax, scheme, fmt, nvfp4)
+                slab_amax = _flushed_max(_groups.group_max(absb, scheme), on_host=True)
+            multiplier, scale[groups], poisoned = _group_scales(
+                slab_amax, scheme, fmt, nvfp4, on_host=True, inverses=inverses
+            )
         slab_random = None if random is None else random(start * row_size, tuple(xf.shape))
-        slab_codes = _element_codes(xf, multiplier, poisoned, scheme, fmt, slab_random, True)
         if packed and len(plan.shape) == 1:  # two elements a byte along the axis cut
-            codes[start // 2 : stop // 2] = slab_codes
+            out = codes[start // 2 : stop // 2]
         else:
-            codes[start:stop] = slab_codes
+            out = codes[start:stop]
+        absb = None if flushed else absb  # |x| of the unflushed slab: remade from xf
+        _element_codes_on_host(
+            xf, absb, multiplier, poisoned, scheme, fmt, slab_random, scratch, out
+        )
     return codes, scale, nvfp4
 
 
-def _amax_over_slabs(rows, plan) -> torch.Tensor:
+def _float32_slab(part: torch.Tensor, scratch: _scratch.Scratch) -> torch.Tensor:
+    """A slab of the input as float32: itself where it is float32 already, else widened
+    (exactly) into a reused buffer."""
+    if part.dtype == torch.float32:
+        return part
+    widened = scratch.take("x", torch.float32, tuple(part.shape))
+    widened.copy_(part)
+    return widened
+
+
+def _amax_over_slabs(rows, plan, whole_tensor: bool = False) -> torch.Tensor:
     """The |x| pattern maxima (int32) of the groups of `rows`, which span its slabs (or
-    NVFP4's global scale needs them all), taken a slab at a time. One group (a tensor
-    scale) is read with `torch.aminmax`, one vectorized pass: max(|min|, |max|) is the
-    max of |x|, and a NaN anywhere makes both NaN (torch's min and max propagate it)."""
+    NVFP4's global scale needs them all), taken a slab at a time; with `whole_tensor`,
+    the tensor's (0-d). One group (a tensor scale) is read with `torch.aminmax` in the
+    input's dtype, one vectorized pass: max(|min|, |max|) is the max of |x| (widening
+    to float32 is exact and monotone), and a NaN anywhere makes both NaN (torch's min
+    and max propagate it)."""
     scheme = plan.scheme
-    amax_bits = torch.zeros(scheme.scale_shape(plan.shape), dtype=torch.int32)
+    shape = () if whole_tensor else scheme.scale_shape(plan.shape)
+    amax_bits = torch.zeros(shape, dtype=torch.int32)
     one_group = amax_bits.numel() == 1
     for start, stop in plan.slabs:
-        slab = rows[start:stop].to(torch.float32)
-        if one_group and slab.numel():
-            low, high = torch.aminmax(slab)
-            slab_amax = _bits.abs_bits(torch.stack([low, high])).amax().reshape(amax_bits.shape)
+        part_rows = rows[start:stop]
+        if one_group:
+            if not part_rows.numel():
+                continue
+            low, high = torch.aminmax(part_rows)
+            ends = torch.stack([low, high]).to(torch.float32)
+            slab_amax = _bits.abs_bits(ends).amax().reshape(shape)
         else:
-            slab_amax = _groups.group_max(_bits.abs_bits(slab), scheme)
-        part = amax_bits[plan.groups(start, stop)]
+            slab_amax = _groups.group_max(_bits.abs_bits(part_rows.to(torch.float32)), scheme)
+        part = amax_bits[... if whole_tensor else plan.groups(start, stop)]
         torch.maximum(part, slab_amax, out=part)
     return amax_bits
 
 
-def _flushed_max(amax_bits: torch.Tensor) -> torch.Tensor:
-    """Group maxima of |x| patterns as those of the flushed input: 0 for a subnormal."""
+def _flushed_max(amax_bits: torch.Tensor, on_host: bool = False) -> torch.Tensor:
+    """Group maxima of |x| patterns as those of the flushed input: 0 for a subnormal.
+    `on_host` (CPU, eager): themselves where none is subnormal (the least, read back)."""
+    if on_host and (amax_bits.numel() == 0 or int(torch.amin(amax_bits)) > _bits.MANT_MASK):
+        return amax_bits
     return torch.where(amax_bits <= _bits.MANT_MASK, 0, amax_bits)
 
 
 def _has_subnormal(absb: torch.Tensor) -> bool:
-    """Whether any |x| pattern is a float32 subnormal (a host read): (absb - 1) wraps 0
-    to -1, cleared to the largest pattern, so only subnormals fall below MANT_MASK."""
-    return absb.numel() > 0 and bool(torch.amin((absb - 1) & _bits.ABS) < _bits.MANT_MASK)
+    """Whether any |x| pattern is a float32 subnormal (a host read). The least pattern
+    answers unless it is 0; then (absb - 1) wraps 0 to -1, cleared to the largest
+    pattern, so that only subnormals fall below MANT_MASK."""
+    if absb.numel() == 0:
+        return False
+    least = int(torch.amin(absb))
+    if least != 0:
+        return least <= _bits.MANT_MASK
+    return bool(torch.amin((absb - 1) & _bits.ABS) < _bits.MANT_MASK)
 
 
 def _nvfp4_global(block_amax_bits: torch.Tensor | None, scheme, device):
@@ -461,6 +570,35 @@ def _nvfp4_block_scales(block_amax_bits, block_poisoned, nvfp4):
     inv = torch.where(
         p_is_zero, _bits.FLT_MAX, _bits.div_rn32(1.0, safe_p)
     )  # min(., FLT_MAX) inside
+    scale_bytes = torch.where(block_poisoned, _E4M3.nan_codes[0], sb.to(torch.int32))
+    return inv, scale_bytes.to(torch.uint8), block_poisoned
+
+
+def _nvfp4_inverses(nvfp4) -> torch.Tensor:
+    """(256,) float32: the encode multiplier 1/p of `_nvfp4_block_scales` for each e4m3
+    byte sb a block can store (p = ftz(value(sb) * S_dec)): an eager CPU call reads
+    each block's from here instead of repeating the block step's dozen ops."""
+    every_byte = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    p = _bits.ftz(_encode.decode(every_byte, _E4M3) * nvfp4[1])
+    p_is_zero = _bits.abs_bits(p) == 0
+    safe_p = torch.where(p_is_zero, 1.0, p)
+    return torch.where(p_is_zero, _bits.FLT_MAX, _bits.div_rn32(1.0, safe_p))
+
+
+def _nvfp4_block_scales_on_host(block_amax_bits, block_poisoned, nvfp4, inverses):
+    """`_nvfp4_block_scales` of an eager CPU slab: the same bytes and multipliers, 1/p
+    read from `inverses` by each block's byte, the selects only where a block is
+    poisoned. The product amax * k is not flushed: a float32 subnormal encodes to
+    byte 0, as its flush does."""
+    s_enc, _, tensor_poisoned = nvfp4
+    block_poisoned = block_poisoned | tensor_poisoned
+    k = s_enc * _ONE_SIXTH
+    # amax*k may overflow to Inf: the min bounds it.
+    sb_value = torch.clamp(_bits.from_bits(block_amax_bits) * k, max=448.0)
+    sb = _encode.encode(sb_value, _E4M3)
+    inv = torch.index_select(inverses, 0, sb.reshape(-1).to(torch.int32)).reshape(sb.shape)
+    if not bool(block_poisoned.any()):
+        return inv, sb, block_poisoned
     scale_bytes = torch.where(block_poisoned, _E4M3.nan_codes[0], sb.to(torch.int32))
     return inv, scale_bytes.to(torch.uint8), block_poisoned
 

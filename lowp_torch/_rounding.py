@@ -1,16 +1,25 @@
 """The element step's rounding (spec §4): nearest-even, or stochastic from uint32 bits.
 
 The random bits are uint32 values carried in int64 tensors: torch lacks most uint32
-operations on CPU, and int64 holds every intermediate of the hash exactly.
+operations on CPU, and int64 holds every intermediate of the hash exactly. An eager CPU
+slab (`_quantize._in_slabs_of`) takes the `_on_host` functions instead: the same bits
+held in int32 (four bytes an element, not eight; int32 ops on the CPU are 2-10x faster
+than int64 ones) and its codes computed from them in integer ops into reused buffers.
 """
 
 import numpy as np
 import torch
 
 import lowp
-from lowp_torch import _bits, _encode
+from lowp_torch import _bits, _encode, _scratch
 
 _MASK32 = 0xFFFFFFFF
+
+
+def _int32(c: int) -> int:
+    """The int32 whose bits are those of `c` mod 2**32."""
+    c &= _MASK32
+    return c - (1 << 32) if c >= 1 << 31 else c
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -87,3 +96,76 @@ def round_elements(v: torch.Tensor, fmt: lowp.Format, random: torch.Tensor | Non
     q = (n + up.to(torch.float32)) * _bits.pow2(e - fmt.mbits)  # exact
     q = torch.clamp(q, max=fmt.max)
     return _encode.encode(_bits.from_bits(_bits.bits(q) | sign), fmt)
+
+
+def random_bits_on_host(
+    seed: int, first: int, count: int, scratch: _scratch.Scratch
+) -> torch.Tensor:
+    """`lowp.random_bits(seed, (count,), first)` as int32 of the same bits, on the CPU.
+
+    The hash of spec §4.2 in int32 arithmetic, which wraps mod 2**32 as uint32 does
+    (ATen's CPU kernels add and multiply int32 in two's complement), with each logical
+    shift an arithmetic one masked to the bits a logical one keeps; (i + first) * M + seed
+    is read as i * M (made once a call) plus first * M + seed. Written into `scratch`.
+    """
+    i32 = torch.int32
+    x = scratch.take("random", i32, (count,))
+    shifted = scratch.take("shifted", i32, (count,))
+    torch.add(scratch.index_products(count), _int32(first * 0x9E3779B9 + seed), out=x)
+    for shift, multiplier in ((16, 0x21F0AAAD), (15, 0x735A2D97), (15, None)):
+        torch.bitwise_right_shift(x, scratch.constant(shift, i32), out=shifted)
+        shifted.bitwise_and_(scratch.constant((1 << (32 - shift)) - 1, i32))
+        x.bitwise_xor_(shifted)
+        if multiplier is not None:
+            x.mul_(scratch.constant(_int32(multiplier), i32))
+    return x
+
+
+def stochastic_codes_on_host(
+    magnitude: torch.Tensor,
+    sign_bits: torch.Tensor,
+    fmt: lowp.Format,
+    random: torch.Tensor,
+    scratch: _scratch.Scratch,
+    out: torch.Tensor,
+) -> None:
+    """Spec §4.1's stochastic rounding of each element of an eager CPU slab into the
+    uint8 tensor `out`: the element's |v| is the float32 `magnitude` (contiguous, >= 0,
+    clamped to fmt.max here; overwritten), its sign bit 31 of the int32 `sign_bits`,
+    its random bits the int32 `random` (uint32 bits; overwritten).
+
+    `lowp._rounding.stochastic_codes` in int32 ops; that docstring derives the two
+    parts. Here they are added before the one shift that both end in: with a =
+    min(magnitude's pattern, fmt.max's), MINB the pattern of the format's smallest
+    normal and R = r >>> 8, the magnitude code is (T + R + (max(a, MINB) - MINB) *
+    2**(mbits + 1)) >> 24, T = floor(min(a, MINB) * 2**(mbits - emin + 24)) (below
+    2**(mbits + 24), and exactly that at or above MINB): the first part's dropped bits
+    (k = 23 - mbits of them) times 2**(24 - k) line up with R's 24. MINB * 2**(mbits + 1)
+    is a multiple of 2**24, so it is left in and taken off the low byte at the end; the
+    int32 sum wraps mod 2**32, which keeps every bit of that byte. `>>>` is the logical
+    shift: an arithmetic one, masked. Four slab-sized buffers in all (`random` among
+    them): the fewer, the more of them stay in the cache on a busy machine.
+    """
+    i32, c = torch.int32, scratch.constant
+    min_normal_bits = (128 - fmt.bias) << 23
+    shape = tuple(magnitude.shape)
+    a = _bits.bits(magnitude)
+    normal = scratch.take("normal", i32, shape)
+    # clamp's bounds stay Python numbers: with tensor bounds ATen takes a slower kernel
+    torch.clamp(a, min_normal_bits, _encode.max_bits(fmt), out=normal)
+    a.clamp_(max=min_normal_bits)
+    # exact: T, below 2**27
+    magnitude.mul_(c(2.0 ** (fmt.mbits - (1 - fmt.bias) + 24), torch.float32))
+    shifted = scratch.take("shifted", i32, shape)
+    torch.bitwise_right_shift(random, c(8, i32), out=shifted)
+    shifted.bitwise_and_(c(0xFFFFFF, i32))
+    total = random  # its bits are all in `shifted` now
+    total.copy_(magnitude)  # truncation: the floor, as magnitude >= 0
+    total.add_(shifted)
+    total.add_(normal, alpha=1 << (fmt.mbits + 1))
+    total.bitwise_right_shift_(c(24, i32))
+    torch.bitwise_right_shift(sign_bits, c(31, i32), out=shifted)  # -1 where negative
+    total.sub_(shifted, alpha=1 << (fmt.ebits + fmt.mbits))
+    out.copy_(total)  # int32 -> uint8 keeps the low byte
+    # MINB * 2**(mbits + 1) >> 24, mod 256 (uint8 wraps)
+    out.sub_(c(((128 - fmt.bias) << fmt.mbits) & 0xFF, torch.uint8))

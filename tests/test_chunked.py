@@ -146,9 +146,11 @@ def _rounding_cases(fmt: _formats.Format) -> np.ndarray:
 
 
 @pytest.mark.parametrize("fmt", list(_formats.ELEMENT_FORMATS.values()), ids=lambda f: f.name)
-def test_the_cast_rounds_as_the_integer_encoder(fmt):
+def test_the_element_step_rounds_as_the_integer_encoder_and_the_cast(fmt):
     v = _rounding_cases(fmt)
-    assert np.array_equal(_rounding.nearest_codes(v, fmt), _formats.encode_in_range(v, fmt))
+    got = _rounding.nearest_codes(v, fmt)
+    assert np.array_equal(got, _formats.encode_in_range(v, fmt))
+    assert np.array_equal(got, v.astype(getattr(ml_dtypes, fmt.name)).view(np.uint8))
 
 
 def _quiet_and_signalling(hp_dtype):

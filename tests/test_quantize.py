@@ -312,6 +312,39 @@ def test_stochastic_codes_match_exact_rationals(fmt):
     assert unpacked_codes(q).tolist() == want
 
 
+@pytest.mark.parametrize("fmt", ELEMENTS)
+def test_stochastic_codes_match_exact_rationals_at_every_threshold(fmt):
+    """The integer element step (`lowp._rounding.stochastic_codes`) against spec §4.1
+    in exact rationals, on the encoder's hard cases of every binade (kept mantissas,
+    ties and the patterns around them, the subnormal grid), each with the random bits
+    just below and at the value where it starts to round up, and at both extremes."""
+    from fractions import Fraction
+
+    from lowp import _rounding
+    from tests.test_chunked import _rounding_cases
+
+    spec = lowp.FORMATS[fmt]
+    v = _rounding_cases(spec)[::37]  # every 37th: the rationals are slow
+    values, bits = [], []
+    for x in v:
+        a = Fraction(abs(float(x)))
+        e = 1 - spec.bias if a == 0 else max(int(np.frexp(abs(x))[1]) - 1, 1 - spec.bias)
+        t = a * Fraction(2) ** (spec.mbits - e)
+        fraction24 = int((t - int(t)) * 2**24)
+        threshold = ((2**24 - fraction24) << 8) & 0xFFFFFFFF if fraction24 else None
+        for r in (0, 0xFFFFFFFF) + (() if threshold is None else (threshold - 1, threshold)):
+            values.append(x)
+            bits.append(r)
+    x = np.array(values, np.float32)
+    r = np.array(bits, np.uint32)
+    got = _rounding.stochastic_codes(x, spec, r, _rounding.Scratch())
+    want = [
+        oracle.cast_code(oracle.stochastic_value(float(xi), fmt, int(ri)), fmt)
+        for xi, ri in zip(x, r, strict=True)
+    ]
+    assert got.tolist() == want
+
+
 def test_stochastic_extremes_truncate_or_round_away():
     x = np.array([1.1, -1.1, 1.0], np.float32)  # e4m3 grid near 1: 1.0, 1.125
     down = lowp.quantize(

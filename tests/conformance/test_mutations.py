@@ -84,9 +84,9 @@ def test_numpy_rceil_as_floor_is_caught(backend):
 def test_numpy_encoder_truncating_is_caught(backend):
     original = _rounding.nearest_codes  # what quantize calls (after its clamp)
 
-    def truncating(v, fmt):
+    def truncating(v, fmt, scratch=None):
         keep = np.uint32(0xFFFFFFFF) << np.uint32(23 - fmt.mbits)
-        return original(_bits.from_bits(_bits.bits(v) & keep), fmt)
+        return original(_bits.from_bits(_bits.bits(v) & keep), fmt, scratch)
 
     _assert_caught(
         backend,
@@ -105,15 +105,21 @@ def test_torch_encoder_truncating_is_caught(backend):
     from lowp_torch import _bits as torch_bits
     from lowp_torch import _encode
 
-    original = _encode.encode
+    original, original_on_host = _encode.encode, _encode.float8_codes_on_host
 
-    def truncating(v, fmt):
+    def truncated(v, fmt):
         keep = -(1 << (23 - fmt.mbits))  # int32 mask clearing the bits below fmt's mantissa
-        return original(torch_bits.from_bits(torch_bits.bits(v) & keep), fmt)
+        return torch_bits.from_bits(torch_bits.bits(v) & keep)
 
-    _assert_caught(
-        backend, TENSOR, "random", lambda p: p.setattr(_encode, "encode", truncating), "codes"
-    )
+    def mutation(patch):  # the whole-tensor encoder, and the eager CPU slabs' float8 cast
+        patch.setattr(_encode, "encode", lambda v, fmt: original(truncated(v, fmt), fmt))
+        patch.setattr(
+            _encode,
+            "float8_codes_on_host",
+            lambda v, fmt, scratch, out: original_on_host(truncated(v, fmt), fmt, scratch, out),
+        )
+
+    _assert_caught(backend, TENSOR, "random", mutation, "codes")
 
 
 @pytest.mark.parametrize("backend", ["torch_cpu", "torch_cuda_eager"], indirect=True)

@@ -194,3 +194,85 @@ def test_make_fx_traces_the_whole_tensor_ops_and_keeps_the_poison_rule():
     y[1, 3] = float("nan")
     for got, want in zip(graph(y), codes_and_scales(y), strict=True):
         assert torch.equal(got, want)
+
+
+def test_given_random_bits_are_not_modified():
+    """The host element step works in the random bits' buffer: a copy of the given ones."""
+    x = _input((12, 16), torch.float32, 0)
+    bits = torch.from_numpy(np.random.default_rng(3).integers(0, 2**32, (12, 16), np.uint32))
+    for given in (bits, bits.view(torch.int32).to(torch.int64) & 0xFFFFFFFF):
+        before = given.clone()
+        q = lowp_torch.quantize(
+            x, lowp.MXScaling(block=8), rounding="stochastic", random_bits=given
+        )
+        assert torch.equal(given, before)
+        want = lowp.quantize(
+            x.numpy(), lowp.MXScaling(block=8), rounding="stochastic", random_bits=bits.numpy()
+        )
+        assert _storage.as_bytes(q.codes).numpy().tobytes() == want.codes.tobytes()
+
+
+def _element_cases(fmt) -> np.ndarray:
+    """float32 values for the element steps: every exponent up to fmt.max's with kept
+    mantissas, ties and the patterns around them (tests/test_chunked.py), random ones,
+    tiny ones on the subnormal grid, float32 subnormals and zeros, values beyond fmt.max
+    and infinities (the host steps clamp), both signs."""
+    from tests.test_chunked import _rounding_cases
+
+    rng = np.random.default_rng(1)
+    extra = [
+        rng.standard_normal(20000) * fmt.max / 3,
+        rng.standard_normal(20000) * fmt.min_normal,
+        [0.0, 1e-40, fmt.max, fmt.max * 1.01, 3e38, np.inf],
+    ]
+    more = np.concatenate([np.asarray(e, np.float32) for e in extra])
+    return np.concatenate([_rounding_cases(fmt), more, -more])
+
+
+@pytest.mark.parametrize("fmt", list(lowp.ELEMENT_FORMATS.values()), ids=lambda f: f.name)
+def test_the_host_element_steps_give_the_references_codes(fmt):
+    """`nearest_codes_on_host` and `float8_codes_on_host` are E_fmt (the reference's
+    integer encoder) and `stochastic_codes_on_host` the reference's stochastic codes, on |v| and the sign,
+    with random bits at the extremes, at the top bit, and drawn."""
+    from lowp import _formats, _rounding
+    from lowp_torch import _encode, _scratch
+    from lowp_torch import _rounding as torch_rounding
+
+    v = _element_cases(fmt)
+    clamped = np.clip(v, -np.float32(fmt.max), np.float32(fmt.max))
+    sign_bits = torch.from_numpy(v).view(torch.int32)
+    scratch = _scratch.Scratch()
+    out = torch.empty(v.shape, dtype=torch.uint8)
+    _encode.nearest_codes_on_host(torch.from_numpy(np.abs(v)), sign_bits, fmt, scratch, out)
+    assert np.array_equal(out.numpy(), _formats.encode_in_range(clamped, fmt))
+    if _encode.cast_on_host(fmt):  # float8 by torch's cast, float6 through its carrier
+        out.zero_()
+        _encode.float8_codes_on_host(torch.from_numpy(clamped.copy()), fmt, scratch, out)
+        assert np.array_equal(out.numpy(), _formats.encode_in_range(clamped, fmt))
+    rng = np.random.default_rng(2)
+    for r in (0, 0xFFFFFFFF, 0x80000000, 0x7FFFFFFF, None):
+        bits = (
+            rng.integers(0, 2**32, v.shape, np.uint32)
+            if r is None
+            else np.full(v.shape, r, np.uint32)
+        )
+        want = _rounding.stochastic_codes(clamped, fmt, bits, _rounding.Scratch())
+        random = torch.from_numpy(bits.copy()).view(torch.int32)
+        magnitude = torch.from_numpy(np.abs(v))
+        torch_rounding.stochastic_codes_on_host(magnitude, sign_bits, fmt, random, scratch, out)
+        assert np.array_equal(out.numpy(), want), r
+
+
+def test_the_host_random_bits_are_lowps():
+    from lowp_torch import _rounding, _scratch
+
+    scratch = _scratch.Scratch()
+    for seed, first, count in [
+        (0, 0, 100),
+        (7, 2**32 - 3, 1000),
+        (-1, -5, 4099),
+        (2**40 + 9, 17, 64),
+    ]:
+        got = _rounding.random_bits_on_host(seed, first, count, scratch)
+        want = lowp.random_bits(seed, (count,), offset=first)
+        assert np.array_equal(got.numpy().view(np.uint32), want), (seed, first)
