@@ -84,6 +84,7 @@ def _random_for(t, rounding, random_bits, seed, offset, name, on_host: bool = Fa
     if source == "none":
         return None
     if source == "seed" and on_host:
+        _rounding.check_seed_and_offset(seed, offset)  # the host hash takes them as ints
         scratch = _scratch.Scratch()
 
         def from_seed_on_host(first: int, shape: tuple) -> torch.Tensor:

@@ -33,6 +33,20 @@ def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
     return (x * low + (((x * high) & 0xFFFF) << 16)) & _MASK32
 
 
+def check_seed_and_offset(seed, offset) -> bool:
+    """TypeError naming the value unless seed is an int and offset an int or a 0-d int64
+    tensor, as `lowp.random_bits` asks; returns whether offset is such a tensor."""
+    tensor_offset = (
+        isinstance(offset, torch.Tensor) and offset.dtype == torch.int64 and offset.dim() == 0
+    )
+    for field, value in (("seed", seed), ("offset", offset)):
+        if field == "offset" and tensor_offset:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"random_bits: {field} must be an int, got {value!r}")
+    return tensor_offset
+
+
 def random_bits(seed: int, shape, offset: int = 0, *, device=None) -> torch.Tensor:
     """One uint32 per element of `shape`, as int64: exactly `lowp.random_bits`.
 
@@ -51,14 +65,7 @@ def random_bits(seed: int, shape, offset: int = 0, *, device=None) -> torch.Tens
     >>> random_bits(0, (3,)).tolist()
     [0, 1684164658, 3653269916]
     """
-    tensor_offset = (
-        isinstance(offset, torch.Tensor) and offset.dtype == torch.int64 and offset.dim() == 0
-    )
-    for field, value in (("seed", seed), ("offset", offset)):
-        if field == "offset" and tensor_offset:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"random_bits: {field} must be an int, got {value!r}")
+    tensor_offset = check_seed_and_offset(seed, offset)
     seed = int(seed)
     offset = offset if tensor_offset else int(offset)
     shape = (int(shape),) if isinstance(shape, int) else tuple(int(n) for n in shape)
