@@ -607,6 +607,9 @@ def run(args) -> dict:
 
 def _run(args, device) -> dict:
     sizes = SMALL if args.small else FULL
+    if args.tokens:  # the model sections at these token counts only
+        tokens = tuple(int(t) for t in args.tokens.split(","))
+        sizes = dataclasses.replace(sizes, train_tokens=tokens, infer_tokens=tokens)
     recipes = tuple(r for r in args.recipes.split(",") if r)
     for recipe in recipes:
         lowp.Recipe.from_name(recipe)  # a typo fails now, not an hour in
@@ -727,6 +730,9 @@ def parse(argv=None) -> argparse.Namespace:
         "--compile-backend",
         default=None,
         help="torch.compile backend (inductor; --small: aot_eager)",
+    )
+    parser.add_argument(
+        "--tokens", default="", help="model sections: these token counts (comma list)"
     )
     parser.add_argument("--time-budget", type=float, default=None, help="seconds for the run")
     parser.add_argument("--out", default="", help="results file (default: bench/results/run_*)")
