@@ -185,9 +185,14 @@ def scaled_matmul(
 
 def gemm_form(a, b) -> str | None:
     """Which scaled-GEMM family the scheme pair belongs to, or None (emulation only)."""
-    sa, sb = _qtensor.scheme_of(a), _qtensor.scheme_of(b)
-    last_a = getattr(sa, "axis", -1) % a.dim() == a.dim() - 1
-    last_b = getattr(sb, "axis", -1) % b.dim() == b.dim() - 1
+    return form_of(_qtensor.scheme_of(a), a.dim(), _qtensor.scheme_of(b), b.dim())
+
+
+def form_of(sa, a_dim: int, sb, b_dim: int) -> str | None:
+    """`gemm_form` of operands of schemes `sa`, `sb` and ranks `a_dim`, `b_dim`, before
+    they are quantized."""
+    last_a = getattr(sa, "axis", -1) % a_dim == a_dim - 1
+    last_b = getattr(sb, "axis", -1) % b_dim == b_dim - 1
     fp8 = sa.fmt in _FP8 and sb.fmt in _FP8 and (sa.fmt, sb.fmt) != ("float8_e5m2",) * 2
     if isinstance(sa, lowp.TensorScaling) and isinstance(sb, lowp.TensorScaling) and fp8:
         return "tensorwise"

@@ -144,15 +144,25 @@ def decode_problem(w, config, form) -> str | None:
     contiguous and its scales one or one a row."""
     if config.kernel != "auto":
         return f"kernel={config.kernel!r} asks for another kernel"
-    if w.codes.device.type != "cuda" and not _cast_kernels._interpreting():
-        return f"the weight is on {w.codes.device.type}, and the decode kernel runs on CUDA"
+    device = w.codes.device
+    if device.type == "cuda":
+        major, minor = _gemm._cuda_capability(device.index)
+        if (major, minor) < (8, 9):
+            return f"the decode kernel's float8 loads need sm_89+, this GPU is sm_{major}{minor}"
+    elif not _cast_kernels._interpreting():
+        return f"the weight is on {device.type}, and the decode kernel runs on CUDA"
     if form not in ("tensorwise", "rowwise"):
         return f"the scheme pair's form is {form}"
     fmts = {config.activation.fmt, _qtensor.scheme_of(w).fmt}
     if fmts != {"float8_e4m3fn"}:
         return f"the decode kernel takes float8_e4m3fn, not {sorted(fmts)}"
-    if w.dim() != 2 or not w.codes.is_contiguous() or w.scale.numel() not in (1, w.shape[0]):
-        return "the weight's codes are not a contiguous (N, K) matrix with one scale or one a row"
+    if (
+        w.dim() != 2
+        or not w.codes.is_contiguous()
+        or w.scale.numel() not in (1, w.shape[0])
+        or w.scale_layout != "plain"
+    ):
+        return "the weight's codes are not a contiguous (N, K) matrix with one plain scale or one a row"
     if not _storage.traced(w.codes) and (w.codes.data_ptr() % 16 or w.scale.data_ptr() % 16):
         return "the weight's codes or scales are not 16-byte aligned"  # a plan binds one
     return None
@@ -176,17 +186,10 @@ def _plan(x, w, config) -> None:
         return
     rows = x.reshape(-1, x.shape[-1])
     a = _quantize.quantize(rows[:0], scheme)  # an empty one: its scheme, dtype and device
-    form = _gemm.gemm_form(a, w)
-    # The rowwise form also pairs a tensor-scaled activation with a rowwise weight; its
-    # one scale would need expanding to (M, 1) every call, which `_planned` does not do.
-    mixed = form == "rowwise" and isinstance(scheme, lowp.TensorScaling)
-    if (
-        mixed
-        or form not in ("tensorwise", "rowwise")
-        or (
-            _gemm.kernel_problem("scaled_mm", a, w, form, x.dtype) is not None
-            or _gemm.shape_problem(a, w) is not None
-        )
+    form = _unmixed_form(scheme, w)
+    if form is None or (
+        _gemm.kernel_problem("scaled_mm", a, w, form, x.dtype) is not None
+        or _gemm.shape_problem(a, w) is not None
     ):
         return
     b_codes, b_scale = _gemm.b_operand(w, form)
@@ -195,6 +198,18 @@ def _plan(x, w, config) -> None:
     w.__dict__.setdefault("_lowp_plans", {})[(x.device, x.dtype)] = _Plan(
         w, config, form, b_codes, b_scale, x.dtype
     )
+
+
+def _unmixed_form(scheme, w) -> str | None:
+    """The GEMM form ("tensorwise" or "rowwise") of 2-D rows quantized with `scheme`
+    against the weight w where both sides scale alike, or None. The rowwise form also
+    pairs a tensor-scaled operand with a rowwise one; its one scale would need expanding
+    to a row's every call, which the planned path and the decode kernel do not do."""
+    w_scheme = _qtensor.scheme_of(w)
+    form = _gemm.form_of(scheme, 2, w_scheme, w.dim())
+    if form == "rowwise" and type(scheme) is not type(w_scheme):
+        return None
+    return form if form in ("tensorwise", "rowwise") else None
 
 
 def _planned(x, bias, plan):
@@ -259,20 +274,8 @@ def _compiled_decode(x, w, bias, config):
         or not _cast_kernels._TRITON_INSTALLED
     ):
         return None
-    w_scheme = _qtensor.scheme_of(w)
-    if isinstance(scheme, lowp.TensorScaling) and isinstance(w_scheme, lowp.TensorScaling):
-        form = "tensorwise"
-    elif (
-        isinstance(scheme, lowp.AxisScaling)
-        and isinstance(w_scheme, lowp.AxisScaling)
-        and scheme.axis % x.dim() == x.dim() - 1
-        and w_scheme.axis % 2 == 1
-        and w.scale_layout == "plain"
-    ):
-        form = "rowwise"
-    else:
-        return None
-    if decode_problem(w, config, form) is not None:
+    form = _unmixed_form(scheme, w)
+    if form is None or decode_problem(w, config, form) is not None:
         return None
     rows = x.reshape(m, k)
     y = torch.ops.lowp.decode_linear(

@@ -342,6 +342,20 @@ def test_decode_problem_names_what_it_does_not_take():
     )
 
 
+def test_decode_problem_refuses_a_gpu_before_sm89(monkeypatch):
+    """The compiled path asks only `decode_problem` before emitting the decode op, so the
+    capability check lives there, not in the eager plan's `_scaled_mm` check alone."""
+    import types
+
+    from lowp_torch import _gemm, _linear
+
+    layer = lowp_torch.quantize_(torch.nn.Linear(64, 32), "float8_tensorwise")
+    config = layer.weight.linear
+    on_gpu = types.SimpleNamespace(codes=types.SimpleNamespace(device=torch.device("cuda", 0)))
+    monkeypatch.setattr(_gemm, "_cuda_capability", lambda index: (8, 0))
+    assert "need sm_89+, this GPU is sm_80" in _linear.decode_problem(on_gpu, config, "tensorwise")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("preset", ["float8_rowwise", "float8_tensorwise"])
 def test_decode_on_cuda(preset):
