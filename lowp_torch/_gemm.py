@@ -314,7 +314,7 @@ def _choose_kernel(a, b, form, out_dtype, pad_to_16: bool, name: str, dim_names)
             )
             why = shape_why
         notes.append(f"{kernel}: {why}")
-    _log.debug(f"{name}: kernel='emulated' because " + "; ".join(notes))
+    _log.debug(lambda: f"{name}: kernel='emulated' because " + "; ".join(notes))
     return "emulated"
 
 

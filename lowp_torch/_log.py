@@ -15,9 +15,12 @@ logger = logging.getLogger("lowp_torch")
 _said: set[tuple[int, Hashable]] = set()
 
 
-def debug(message: str) -> None:
-    if not torch.compiler.is_compiling():
-        logger.debug(message)
+def debug(message: str | Callable[[], str]) -> None:
+    """Log `message` at DEBUG. Pass a callable where building the text takes more than
+    an f-string of constants: it is built only where it is logged, and Dynamo cannot
+    trace some str methods (`str.join`) inside an autograd.Function's forward."""
+    if not torch.compiler.is_compiling() and logger.isEnabledFor(logging.DEBUG):
+        logger.debug(message() if callable(message) else message)
 
 
 def warn_once(key: str, message: str) -> None:
