@@ -34,7 +34,6 @@ transposed.
 """
 
 import dataclasses
-import functools
 import zlib
 
 import numpy as np
@@ -59,6 +58,33 @@ def along_first_axis(scheme: _schemes.Scheme) -> _schemes.Scheme | None:
     quantizing a transposed copy with `scheme` (`Scaling.permuted`). None for packed fp4,
     whose codes pair up along the last axis: quantize the copy."""
     return scheme.permuted((1, 0))
+
+
+class _made_with_plan:
+    """A property of a frozen plan computed once, when the plan is made (`_make_all`
+    in `__post_init__`), and then read from the instance. Not computed on first use as
+    `functools.cached_property` is: a plan first read inside a torch.compile'd
+    autograd.Function would write to an object outside the traced function, which
+    Dynamo refuses, and Python 3.11's cached_property takes a lock Dynamo cannot enter."""
+
+    def __init__(self, fn):
+        self.fn, self.name, self.__doc__ = fn, fn.__name__, fn.__doc__
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+
+def _make_all(plan) -> None:
+    """Compute each `_made_with_plan` property of `plan` now."""
+    for name, attr in vars(type(plan)).items():
+        if isinstance(attr, _made_with_plan):
+            getattr(plan, name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,14 +113,17 @@ class OperandPlan:
     recipe_seed: int = 0
     role: str = ""
 
-    @functools.cached_property
+    def __post_init__(self):
+        _make_all(self)
+
+    @_made_with_plan
     def plain(self) -> bool:
         """Whether the operand is `quantize(t, scheme)` of its orientation of the tensor
         and nothing more: nearest rounding, no transform. Only then may a frontend take
         its shortcuts (codes along the first axis, codes reused or made from one read)."""
         return self.rounding == "nearest" and not self.hadamard
 
-    @property
+    @_made_with_plan
     def rounding_seed(self) -> int:
         """The seed of the operand's stochastic-rounding bits (spec §8):
         `(recipe seed + crc32(role)) mod 2**32`; the offset is the operand's data
@@ -133,13 +162,13 @@ class OperandPlan:
         """The operand for messages: "x", "w", "g", or "w.T", "g.T", "x.T" read transposed."""
         return self.tensor + (".T" if self.transposed else "")
 
-    @functools.cached_property
+    @_made_with_plan
     def dims(self) -> tuple[str, str]:
         """The operand's dims as the GEMM reads it, among "M", "K", "N"."""
         dims = TENSOR_DIMS[self.tensor]
         return dims[::-1] if self.transposed else dims
 
-    @functools.cached_property
+    @_made_with_plan
     def reuses_codes(self) -> bool:
         """Whether the operand is the earlier codes of its tensor, transposed, instead of a
         quantization of its own: only where it takes the very scheme the tensor was
@@ -154,14 +183,14 @@ class OperandPlan:
             and self.scheme.permuted((1, 0)) == self.scheme
         )
 
-    @functools.cached_property
+    @_made_with_plan
     def along_first_axis(self) -> _schemes.Scheme | None:
         """For a transposed operand, the scheme that quantizes its tensor where it lies,
         along the first axis (`along_first_axis`); None for packed fp4 or an operand read
         as it lies."""
         return along_first_axis(self.scheme) if self.transposed and self.plain else None
 
-    @functools.cached_property
+    @_made_with_plan
     def shares_scheme(self) -> bool:
         """Whether the tensor's earlier GEMM takes this very scheme and the operand needs
         its own codes along the tensor's first axis (not reused, not packed fp4): a
@@ -220,6 +249,9 @@ class LinearPlan:
     dgrad: GemmPlan | None
     wgrad: GemmPlan | None
 
+    def __post_init__(self):
+        _make_all(self)
+
     @classmethod
     def of(cls, recipe: Recipe) -> "LinearPlan":
         """The plan of `recipe`; TypeError for anything that is not a Recipe."""
@@ -267,7 +299,7 @@ class LinearPlan:
             raise ValueError(f"a linear layer's tensors are {tuple(TENSOR_DIMS)}, got {tensor!r}")
         return self._transposed_operands.get(tensor)
 
-    @functools.cached_property
+    @_made_with_plan
     def _transposed_operands(self) -> "dict[str, OperandPlan]":
         """{tensor: the operand reading it transposed}, made once: a training layer asks
         at every call."""

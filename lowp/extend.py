@@ -77,6 +77,9 @@ How a recipe runs a linear layer (spec §8)
                                  the random Hadamard transform in its fixed float32
                                  order, run with the backend's array ops; the signs
                                  from `OperandPlan.signs`.
+  hadamard_signs(seed, layer, shape)
+                                 the transform's 16 signs (+1 or -1, float32) for a
+                                 reduction of `shape` (spec §8).
 
 Other tools' checkpoints (docs/checkpoints.md)
   producer_plan(q, out_dtype)    a loaded QTensor's producer dequantization as
@@ -122,6 +125,7 @@ from lowp._grouped import (
 from lowp._groups import broadcast as group_broadcast
 from lowp._groups import expand as expand_groups
 from lowp._groups import reduction as group_reduction
+from lowp._hadamard import signs as hadamard_signs
 from lowp._hadamard import transform as hadamard_transform
 from lowp._layouts import cublas_blocked_shape
 from lowp._linear_plan import DIM_NAMES, GemmPlan, LinearPlan, OperandPlan, data_offset
@@ -185,6 +189,7 @@ __all__ = [
     "group_broadcast",
     "group_reduction",
     "group_sizes_from_offs",
+    "hadamard_signs",
     "hadamard_transform",
     "layer_may_pay",
     "normalize_axis",

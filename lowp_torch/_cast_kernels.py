@@ -95,8 +95,11 @@ def cast_kernels(mode: str):
 
 
 def current_mode() -> str:
-    """The mode in this thread: its own innermost block's, else the latest open block's."""
-    own = _own_modes()
+    """The mode in this thread: its own innermost block's, else the latest open block's.
+    Only reads: asked inside a torch.compile'd autograd.Function, a first-call write
+    of the thread's list would be a side effect Dynamo refuses there (it failed the
+    trace of every training layer compiled before its first eager call)."""
+    own = getattr(_THREAD, "modes", None)
     return own[-1] if own else _MODE[0]
 
 

@@ -214,7 +214,9 @@ def _quantize_operand(t, operand, name: str) -> QuantizedTensor:
     if operand.plain:
         return _quantize.quantize(t, operand.scheme, name=name)
     if operand.hadamard:
-        signs = torch.from_numpy(operand.signs(t.shape[-1])).to(t.device)
+        negative = _hadamard_negative_signs(operand.recipe_seed, t.shape[-1])
+        bit = (negative >> torch.arange(16, device=t.device)) & 1
+        signs = (1 - 2 * bit).to(torch.float32)  # OperandPlan.signs: +1, or -1 where set
         t = extend.hadamard_transform(_bits.ftz(t.float()), signs, stack=torch.stack, ftz=_bits.ftz)
     if operand.rounding == "nearest":
         return _quantize.quantize(t, operand.scheme, name=name)
@@ -224,6 +226,15 @@ def _quantize_operand(t, operand, name: str) -> QuantizedTensor:
     return _quantize.quantize(
         t, operand.scheme, rounding="stochastic", random_bits=random, name=name
     )
+
+
+@torch.compiler.assume_constant_result
+def _hadamard_negative_signs(seed: int, length: int) -> int:
+    """`OperandPlan.signs(length)` of a recipe of seed `seed` as the bits of an int, bit
+    i set where sign i is -1: a constant to torch.compile, which cannot trace the crc32
+    the signs are drawn from."""
+    signs = extend.hadamard_signs(seed, "", (length,))
+    return sum(1 << i for i, sign in enumerate(signs.tolist()) if sign < 0)
 
 
 def _one_read(t, later, name: str) -> bool:

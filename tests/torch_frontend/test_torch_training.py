@@ -266,6 +266,26 @@ def test_compiled_forward_and_backward_match_eager():
     assert torch.allclose(compiled[3], db, rtol=1e-5, atol=1e-5)  # a sum, in Inductor's order
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", lowp.Recipe.names())
+def test_compiled_before_any_eager_call_traces_whole(recipe, monkeypatch):
+    """A layer compiled (fullgraph) before anything of lowp ran eagerly in the process
+    traces its forward and backward whole, with the eager step's results. What broke it:
+    first-use writes inside the traced autograd.Function (the thread's cast-kernel modes,
+    the plan's cached properties, Python 3.11's cached_property lock) and the crc32 of
+    NVFP4's Hadamard signs, which Dynamo cannot trace."""
+    from lowp_torch import _cast_kernels
+
+    monkeypatch.delattr(_cast_kernels._THREAD, "modes", raising=False)  # a fresh thread's
+    x, w, b, g = _tensors(INPUT_SHAPES["rank2"], torch.bfloat16)
+    layer = _training_layer(recipe, w, b)
+    compiled = _layer_grads(torch.compile(layer, fullgraph=True, backend="aot_eager"), x, g)
+    compiled = [t.clone() for t in compiled]
+    eager = _layer_grads(layer, x, g)
+    for name, c, e in zip(("y", "dx", "dw", "db"), compiled, eager, strict=True):
+        assert torch.equal(c, e), f"{recipe}: compiled {name} differs from eager"
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_activation_checkpointing_gives_the_same_gradients(recipe):
     model, _ = _converted(recipe)
