@@ -28,15 +28,21 @@ schemes = [
 def as_bytes(a):
     return np.asarray(a).reshape(-1).view(np.uint8)
 
-for full in (w, poisoned):
-    sharded = jax.device_put(full, NamedSharding(mesh, P("fsdp", None)))
-    for scheme in schemes:
-        gather = jax.jit(lambda x: _sharding.all_gather_quantized(x, scheme, mesh, "fsdp"))
-        got = lowp_jax.to_lowp(gather(sharded))
+gathers_of_w = []  # each scheme's, saved to a file below
+for scheme in schemes:
+    # Called eagerly on w and jitted on poisoned: both ways, one gather each.
+    def gather(x):
+        return _sharding.all_gather_quantized(x, scheme, mesh, "fsdp")
+
+    for full, call in ((w, gather), (poisoned, jax.jit(gather))):
+        sharded = jax.device_put(full, NamedSharding(mesh, P("fsdp", None)))
+        got = lowp_jax.to_lowp(call(sharded))
         ref = lowp.quantize(np.asarray(full), scheme)
         assert np.array_equal(as_bytes(got.codes), as_bytes(ref.codes)), scheme
         assert np.array_equal(as_bytes(got.scale), as_bytes(ref.scale)), scheme
         print("equal", scheme)
+        if full is w:
+            gathers_of_w.append(got)
 
 # Resharding through the interchange file: gathered on four devices and saved, the file
 # is the unsharded quantize's byte for byte; loaded and placed on two devices (and on
@@ -44,9 +50,7 @@ for full in (w, poisoned):
 import os, tempfile
 two = Mesh(np.array(jax.devices()[:2]), ("fsdp",))
 with tempfile.TemporaryDirectory() as d:
-    for i, scheme in enumerate(schemes):
-        sharded = jax.device_put(w, NamedSharding(mesh, P("fsdp", None)))
-        gathered = lowp_jax.to_lowp(_sharding.all_gather_quantized(sharded, scheme, mesh, "fsdp"))
+    for i, (scheme, gathered) in enumerate(zip(schemes, gathers_of_w, strict=True)):
         files = [os.path.join(d, f"{i}{k}.safetensors") for k in "gr"]
         lowp.save(files[0], {"w": gathered})
         lowp.save(files[1], {"w": lowp.quantize(np.asarray(w), scheme)})
