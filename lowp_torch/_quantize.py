@@ -377,15 +377,27 @@ def _element_codes_on_host(
             absb = scratch.take("absb", torch.int32, shape)
             torch.bitwise_and(_bits.bits(xf), _bits.ABS, out=absb)
         magnitude = scratch.take("v", torch.float32, shape)
-        _multiply_on_host(absb.view(torch.float32), multiplier, scheme, magnitude)
+        scaled = None if random is None else _grid_multiplier(multiplier, fmt)
+        factors = multiplier if scaled is None else scaled
+        _multiply_on_host(absb.view(torch.float32), factors, scheme, magnitude)
         if random is None:
             _encode.nearest_codes_on_host(magnitude, _bits.bits(xf), fmt, scratch, codes)
         else:
             _rounding.stochastic_codes_on_host(
-                magnitude, _bits.bits(xf), fmt, random, scratch, codes
+                magnitude, _bits.bits(xf), fmt, random, scratch, codes, scaled is not None
             )
     if packed:
         _layouts.pack_fp4_on_host(codes, scratch, out)
+
+
+def _grid_multiplier(multiplier: torch.Tensor, fmt) -> torch.Tensor | None:
+    """Each group's multiplier times 2**K (`_rounding.grid_exponent`), where all of
+    them stay finite (a host read), else None: stochastic rounding then takes the
+    products |x| * m * 2**K, a pass over the slab fewer than scaling |x| * m by 2**K."""
+    factor = 2.0 ** _rounding.grid_exponent(fmt)
+    if multiplier.numel() == 0 or not float(torch.amax(multiplier)) * factor <= _bits.FLT_MAX:
+        return None
+    return multiplier * factor  # exact: a power of two, no overflow
 
 
 def _multiply_on_host(xf, multiplier, scheme, out) -> torch.Tensor:

@@ -257,10 +257,17 @@ def test_the_host_element_steps_give_the_references_codes(fmt):
             else np.full(v.shape, r, np.uint32)
         )
         want = _rounding.stochastic_codes(clamped, fmt, bits, _rounding.Scratch())
-        random = torch.from_numpy(bits.copy()).view(torch.int32)
-        magnitude = torch.from_numpy(np.abs(v))
-        torch_rounding.stochastic_codes_on_host(magnitude, sign_bits, fmt, random, scratch, out)
-        assert np.array_equal(out.numpy(), want), r
+        # |v| itself, and |v| * 2**K as a caller's scaled multipliers make it (float32
+        # subnormals and overflows included)
+        grid = np.float32(2.0 ** torch_rounding.grid_exponent(fmt))
+        with np.errstate(over="ignore"):
+            scaled_magnitude = np.abs(v) * grid
+        for scaled, magnitude in ((False, np.abs(v)), (True, scaled_magnitude)):
+            random = torch.from_numpy(bits.copy()).view(torch.int32)
+            torch_rounding.stochastic_codes_on_host(
+                torch.from_numpy(magnitude), sign_bits, fmt, random, scratch, out, scaled
+            )
+            assert np.array_equal(out.numpy(), want), (r, scaled)
 
 
 def test_the_host_random_bits_are_lowps():
