@@ -339,6 +339,38 @@ def _group_scales(amax_bits, scheme, fmt, nvfp4, on_host: bool = False, inverses
     raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
 
 
+def _group_scales_on_host(amax_bits, scheme, fmt, nvfp4, inverses):
+    """`_group_scales` of an eager CPU slab from its groups' |x| pattern maxima (not
+    yet flushed), with None for `poisoned` where no group is. One read of the maxima'
+    least and greatest decides the rest: where a group is poisoned, or (float and NVFP4
+    scales) one's maximum is a float32 subnormal or zero, the general step on flushed
+    maxima; else the MX and NVFP4 steps in int32 ops and no bool tensor (on the CPU a
+    comparison or `any` on a bool tensor costs several integer ops of its size)."""
+    if amax_bits.numel() == 0:
+        return _group_scales(amax_bits, scheme, fmt, nvfp4, on_host=True, inverses=inverses)
+    low, high = (int(v) for v in torch.aminmax(amax_bits))
+    # MX needs no flush: a subnormal's byte is 0 flushed or not (its exponent field is
+    # 0, at most 1 with the carry, and emax >= 1).
+    flush = low <= _bits.MANT_MASK and scheme.family != "mx"
+    tensor_poisoned = nvfp4 is not None and bool(nvfp4[2])
+    if high >= _bits.INF_BITS or flush or tensor_poisoned or scheme.family == "float":
+        amax_bits = _flushed_max(amax_bits) if flush else amax_bits
+        return _group_scales(amax_bits, scheme, fmt, nvfp4, on_host=True, inverses=inverses)
+    if scheme.family == "mx":
+        # exponent + up of `_mx_scale_bytes` in one carry: up is whether the mantissa
+        # field passes the mode's bound (none for floor, 0 for ceil, Mc for rceil)
+        bound = {"floor": None, "ceil": 0, "rceil": fmt.max_mantissa}[scheme.mode]
+        raised = amax_bits if bound is None else amax_bits + (_bits.MANT_MASK - bound)
+        biased = torch.clamp(raised >> 23, min=fmt.emax)  # the byte s, plus emax
+        # 2**(127 - s): the pattern (254 - s) << 23, a normal float32 for s in [0, 253]
+        multiplier = _bits.from_bits((254 + fmt.emax - biased) << 23)
+        return multiplier, (biased - fmt.emax).to(torch.uint8), None
+    if scheme.family == "nvfp4":
+        inv, scale_bytes, _ = _nvfp4_block_scales_on_host(amax_bits, None, nvfp4, inverses)
+        return inv, scale_bytes, None
+    raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
+
+
 def _element_codes(xf, multiplier, poisoned, scheme, fmt, random):
     """The codes of the flushed float32 `xf` (packed for float4): each element times its
     group's multiplier, flushed, clamped to ±max, rounded; code 0 in poisoned groups."""
@@ -363,7 +395,8 @@ def _element_codes_on_host(
     the sign of x, and clamp the magnitude's pattern themselves.
     """
     shape = tuple(xf.shape)
-    if bool(poisoned.any()):  # their elements become +0.0: code 0 under either rounding
+    # None: no group is poisoned. Their elements become +0.0: code 0 under either rounding
+    if poisoned is not None and bool(poisoned.any()):
         xf = _bits.from_bits(_bits.bits(xf) & ~_poison_mask(poisoned, scheme, shape))
         absb = None
     packed = fmt.name == "float4_e2m1fn"
@@ -479,9 +512,9 @@ def _in_slabs_of(rows, plan, fmt, random, check_finite: bool, name: str, shape: 
             if amax_bits is not None:
                 slab_amax = amax_bits[groups]
             else:
-                slab_amax = _flushed_max(_groups.group_max(absb, scheme), on_host=True)
-            multiplier, scale[groups], poisoned = _group_scales(
-                slab_amax, scheme, fmt, nvfp4, on_host=True, inverses=inverses
+                slab_amax = _groups.group_max(absb, scheme)
+            multiplier, scale[groups], poisoned = _group_scales_on_host(
+                slab_amax, scheme, fmt, nvfp4, inverses
             )
         slab_random = None if random is None else random(start * row_size, tuple(xf.shape))
         if packed and len(plan.shape) == 1:  # two elements a byte along the axis cut
@@ -604,12 +637,14 @@ def _nvfp4_block_scales_on_host(block_amax_bits, block_poisoned, nvfp4, inverses
     poisoned. The product amax * k is not flushed: a float32 subnormal encodes to
     byte 0, as its flush does."""
     s_enc, _, tensor_poisoned = nvfp4
-    block_poisoned = block_poisoned | tensor_poisoned
     k = s_enc * _ONE_SIXTH
     # amax*k may overflow to Inf: the min bounds it.
     sb_value = torch.clamp(_bits.from_bits(block_amax_bits) * k, max=448.0)
     sb = _encode.encode(sb_value, _E4M3)
     inv = torch.index_select(inverses, 0, sb.reshape(-1).to(torch.int32)).reshape(sb.shape)
+    if block_poisoned is None:  # the caller read that none is, the tensor's flag included
+        return inv, sb, None
+    block_poisoned = block_poisoned | tensor_poisoned
     if not bool(block_poisoned.any()):
         return inv, sb, block_poisoned
     scale_bytes = torch.where(block_poisoned, _E4M3.nan_codes[0], sb.to(torch.int32))
