@@ -137,6 +137,39 @@ def test_slabs_give_the_whole_tensors_bytes(scheme, rounding, monkeypatch):
                 assert got == whole, (shape, hp_dtype, chunk_elements)
 
 
+@pytest.mark.parametrize(
+    "scheme",
+    [
+        lowp.TensorScaling(),
+        lowp.AxisScaling(axis=-1),
+        lowp.MXScaling(block=8),
+        lowp.MXScaling("float4_e2m1fn", block=8, mode="ceil"),
+        lowp.NVFP4Scaling(block=8),
+        lowp.NVFP4Scaling(block=8, global_scale=False),
+    ],
+    ids=lambda s: s.spec,
+)
+def test_stochastic_slabs_lift_their_multipliers_only_where_they_stay_finite(scheme, monkeypatch):
+    """Stochastic rounding on the host folds 2**K into the multipliers where every one
+    stays finite: rows of groups at 2**-110 (MX bytes below K), all-zero rows (NVFP4's
+    byte 0, 1/p = FLT_MAX) and rows of 2**-126 neighbours, one or several to a slab,
+    give the whole-tensor ops' bytes and the reference's."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    x[1] *= np.float32(2.0**-110)
+    x[3] = 0
+    x[5] *= np.float32(2.0**-100)
+    x[6] = np.float32(2.0**-126) * rng.choice([-1.0, 1.0], 16).astype(np.float32)
+    t = torch.from_numpy(x)
+    kwargs = {"rounding": "stochastic", "seed": 3}
+    whole = _bytes(_whole(monkeypatch, t, scheme, **kwargs))
+    reference = _reference_bytes(_reference(t, scheme, **kwargs))
+    assert whole[1] == reference[1] and whole[3] == reference[3]
+    for chunk_elements in (16, 48, 10**6):
+        got = _bytes(lowp_torch.quantize(t, scheme, chunk_elements=chunk_elements, **kwargs))
+        assert got == whole, chunk_elements
+
+
 @pytest.mark.parametrize("scheme", [lowp.AxisScaling(axis=0), lowp.MXScaling(block=8)], ids=str)
 def test_a_strided_input_gives_the_bytes_of_its_copy(scheme):
     """A transposed (non-contiguous) input is cut as it lies, its leading dims unmerged."""
