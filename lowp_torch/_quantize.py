@@ -563,24 +563,22 @@ def _float32_slab(part: torch.Tensor, scratch: _scratch.Scratch) -> torch.Tensor
 def _amax_over_slabs(rows, plan, whole_tensor: bool = False) -> torch.Tensor:
     """The |x| pattern maxima (int32) of the groups of `rows`, which span its slabs (or
     NVFP4's global scale needs them all), taken a slab at a time; with `whole_tensor`,
-    the tensor's (0-d). One group (a tensor scale) is read with `torch.aminmax` in the
-    input's dtype, one vectorized pass: max(|min|, |max|) is the max of |x| (widening
-    to float32 is exact and monotone), and a NaN anywhere makes both NaN (torch's min
-    and max propagate it)."""
+    the tensor's (0-d). One group (a tensor scale) is read with one `torch.aminmax` over
+    the whole input in its dtype, a vectorized pass that makes no temporary (so no
+    slabs, and none of their per-slab ops): max(|min|, |max|) is the max of |x|
+    (widening to float32 is exact and monotone), and a NaN anywhere makes both NaN
+    (torch's min and max propagate it)."""
     scheme = plan.scheme
     shape = () if whole_tensor else scheme.scale_shape(plan.shape)
     amax_bits = torch.zeros(shape, dtype=torch.int32)
-    one_group = amax_bits.numel() == 1
+    if amax_bits.numel() == 1:
+        if rows.numel():
+            ends = torch.stack(torch.aminmax(rows)).to(torch.float32)
+            amax_bits.copy_(_bits.abs_bits(ends).amax().reshape(shape))
+        return amax_bits
     for start, stop in plan.slabs:
         part_rows = rows[start:stop]
-        if one_group:
-            if not part_rows.numel():
-                continue
-            low, high = torch.aminmax(part_rows)
-            ends = torch.stack([low, high]).to(torch.float32)
-            slab_amax = _bits.abs_bits(ends).amax().reshape(shape)
-        else:
-            slab_amax = _groups.group_max(_bits.abs_bits(part_rows.to(torch.float32)), scheme)
+        slab_amax = _groups.group_max(_bits.abs_bits(part_rows.to(torch.float32)), scheme)
         part = amax_bits[... if whole_tensor else plan.groups(start, stop)]
         torch.maximum(part, slab_amax, out=part)
     return amax_bits
