@@ -4,7 +4,9 @@ The random bits are uint32 values carried in int64 tensors: torch lacks most uin
 operations on CPU, and int64 holds every intermediate of the hash exactly. An eager CPU
 slab (`_quantize._in_slabs_of`) takes the `_on_host` functions instead: the same bits
 held in int32 (four bytes an element, not eight; int32 ops on the CPU are 2-10x faster
-than int64 ones) and its codes computed from them in integer ops into reused buffers.
+than int64 ones), hashed through NumPy uint32 views of those buffers (NumPy has the
+logical shifts torch lacks for 32-bit integers), and its codes computed from them in
+integer ops into reused buffers.
 """
 
 import numpy as np
@@ -112,8 +114,9 @@ def random_bits_on_host(
 
     The hash of spec §4.2 on NumPy uint32 views of `scratch` buffers: NumPy's uint32
     has the logical shifts of the spec, where torch's int32 needs an arithmetic shift
-    and a mask for each (nine passes instead of twelve, docs/performance.md, CPU
-    inference); uint32 adds and multiplies wrap mod 2**32 as the spec's do.
+    and a mask for each (nine passes instead of twelve: docs/performance.md, stochastic
+    rounding and NVFP4 on the host); uint32 adds and multiplies wrap mod 2**32 as the
+    spec's do.
     (i + first) * M + seed is read as i * M (made once a call) plus first * M + seed.
     Written into `scratch`.
     """
