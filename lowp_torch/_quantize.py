@@ -657,7 +657,10 @@ def _nvfp4_block_scales_on_host(
     """`_nvfp4_block_scales` of an eager CPU slab: the same bytes and multipliers, 1/p
     read from `inverses` by each block's byte, the selects only where a block is
     poisoned. The product amax * k is not flushed: a float32 subnormal encodes to
-    byte 0, as its flush does."""
+    byte 0, as its flush does. With `block_poisoned` None (the caller read that no
+    block is, nor the tensor), the third item is instead whether 1/p comes lifted by
+    2**grid from `lifted_inverses` (`_lifted_inverses`), which it does where every
+    block's byte reaches that table's least finite one."""
     s_enc, _, tensor_poisoned = nvfp4
     k = s_enc * _ONE_SIXTH
     # amax*k may overflow to Inf: the min bounds it.
