@@ -339,6 +339,51 @@ def _group_scales(amax_bits, scheme, fmt, nvfp4, on_host: bool = False, inverses
     raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
 
 
+def _group_scales_on_host(amax_bits, scheme, fmt, nvfp4, inverses, grid: int = 0):
+    """`_group_scales` of an eager CPU slab from its groups' |x| pattern maxima (not
+    yet flushed), with None for `poisoned` where no group is, and whether the
+    multipliers carry 2**grid (stochastic rounding's lift, `_rounding.grid_exponent`;
+    0: none asked), which they do where every lifted one stays finite. One read of the
+    maxima' least and greatest decides the rest: where a group is poisoned, or (float
+    and NVFP4 scales) one's maximum is a float32 subnormal or zero, the general step on
+    flushed maxima; else the MX and NVFP4 steps in int32 ops and no bool tensor (on the
+    CPU a comparison or `any` on a bool tensor costs several integer ops of its size).
+    `inverses`: NVFP4's tables (`_nvfp4_inverses`, and `_lifted_inverses` or None)."""
+    inverses, lifted_inverses = inverses
+    if amax_bits.numel() == 0:
+        general = _group_scales(amax_bits, scheme, fmt, nvfp4, on_host=True, inverses=inverses)
+        return (*general, False)
+    low, high = (int(v) for v in torch.aminmax(amax_bits))
+    # MX needs no flush: a subnormal's byte is 0 flushed or not (its exponent field is
+    # 0, at most 1 with the carry, and emax >= 1).
+    flush = low <= _bits.MANT_MASK and scheme.family != "mx"
+    tensor_poisoned = nvfp4 is not None and bool(nvfp4[2])
+    if high >= _bits.INF_BITS or flush or tensor_poisoned or scheme.family == "float":
+        amax_bits = _flushed_max(amax_bits) if flush else amax_bits
+        general = _group_scales(amax_bits, scheme, fmt, nvfp4, on_host=True, inverses=inverses)
+        return (*general, False)
+    if scheme.family == "mx":
+        # exponent + up of `_mx_scale_bytes` in one carry: up is whether the mantissa
+        # field passes the mode's bound (none for floor, 0 for ceil, Mc for rceil)
+        carry = (
+            0
+            if scheme.mode == "floor"
+            else _bits.MANT_MASK - (fmt.max_mantissa if scheme.mode == "rceil" else 0)
+        )
+        biased = torch.clamp((amax_bits + carry) >> 23, min=fmt.emax)  # the byte s, + emax
+        # 2**(127 - s + lift): the pattern (254 - s + lift) << 23, a normal float32 for s
+        # in [0, 253]; lifted where the least byte is at least the lift
+        lift = grid if max(((low + carry) >> 23) - fmt.emax, 0) >= grid else 0
+        multiplier = _bits.from_bits((254 + lift + fmt.emax - biased) << 23)
+        return multiplier, (biased - fmt.emax).to(torch.uint8), None, lift > 0
+    if scheme.family == "nvfp4":
+        inv, scale_bytes, lifted = _nvfp4_block_scales_on_host(
+            amax_bits, None, nvfp4, inverses, lifted_inverses
+        )
+        return inv, scale_bytes, None, lifted
+    raise TypeError(f"unknown scheme family {scheme.family!r} of {scheme!r}")
+
+
 def _element_codes(xf, multiplier, poisoned, scheme, fmt, random):
     """The codes of the flushed float32 `xf` (packed for float4): each element times its
     group's multiplier, flushed, clamped to ±max, rounded; code 0 in poisoned groups."""
@@ -348,7 +393,7 @@ def _element_codes(xf, multiplier, poisoned, scheme, fmt, random):
 
 
 def _element_codes_on_host(
-    xf, absb, multiplier, poisoned, scheme, fmt, random, scratch, out
+    xf, absb, multiplier, poisoned, scheme, fmt, random, scratch, out, lifted=False
 ) -> None:
     """`_element_codes` of an eager CPU slab, written into `out` (the slab's part of the
     codes), every element-sized intermediate in a reused `scratch` buffer, and the work
@@ -360,10 +405,12 @@ def _element_codes_on_host(
     a float8 carrier); the other element steps
     (`_encode.nearest_codes_on_host`, `_rounding.stochastic_codes_on_host`) take the
     product's magnitude |x| * m, made from `absb` (|x| patterns of `xf`, or None), and
-    the sign of x, and clamp the magnitude's pattern themselves.
+    the sign of x, and clamp the magnitude's pattern themselves. `lifted`: the
+    multiplier already carries stochastic rounding's 2**K (`_rounding.grid_exponent`).
     """
     shape = tuple(xf.shape)
-    if bool(poisoned.any()):  # their elements become +0.0: code 0 under either rounding
+    # None: no group is poisoned. Their elements become +0.0: code 0 under either rounding
+    if poisoned is not None and bool(poisoned.any()):
         xf = _bits.from_bits(_bits.bits(xf) & ~_poison_mask(poisoned, scheme, shape))
         absb = None
     packed = fmt.name == "float4_e2m1fn"
@@ -377,15 +424,28 @@ def _element_codes_on_host(
             absb = scratch.take("absb", torch.int32, shape)
             torch.bitwise_and(_bits.bits(xf), _bits.ABS, out=absb)
         magnitude = scratch.take("v", torch.float32, shape)
+        if random is not None and not lifted:
+            scaled = _grid_multiplier(multiplier, fmt)
+            multiplier, lifted = (multiplier, False) if scaled is None else (scaled, True)
         _multiply_on_host(absb.view(torch.float32), multiplier, scheme, magnitude)
         if random is None:
             _encode.nearest_codes_on_host(magnitude, _bits.bits(xf), fmt, scratch, codes)
         else:
             _rounding.stochastic_codes_on_host(
-                magnitude, _bits.bits(xf), fmt, random, scratch, codes
+                magnitude, _bits.bits(xf), fmt, random, scratch, codes, lifted
             )
     if packed:
         _layouts.pack_fp4_on_host(codes, scratch, out)
+
+
+def _grid_multiplier(multiplier: torch.Tensor, fmt) -> torch.Tensor | None:
+    """Each group's multiplier times 2**K (`_rounding.grid_exponent`), where all of
+    them stay finite (a host read), else None: stochastic rounding then takes the
+    products |x| * m * 2**K, a pass over the slab fewer than scaling |x| * m by 2**K."""
+    factor = 2.0 ** _rounding.grid_exponent(fmt)
+    if multiplier.numel() == 0 or not float(torch.amax(multiplier)) * factor <= _bits.FLT_MAX:
+        return None
+    return multiplier * factor  # exact: a power of two, no overflow
 
 
 def _multiply_on_host(xf, multiplier, scheme, out) -> torch.Tensor:
@@ -426,6 +486,7 @@ def _in_slabs_of(rows, plan, fmt, random, check_finite: bool, name: str, shape: 
     on |x| patterns). Where groups span every slab, their scales are made once."""
     scheme, row_size, slabs = plan.scheme, plan.row_size, plan.slabs
     amax_bits = scales = nvfp4 = None  # scales: (multiplier, stored, poisoned) of all groups
+    constant_lifted = False  # whether scales' multiplier carries 2**grid
     if check_finite:
         parts = ((start * row_size, rows[start:stop].to(torch.float32)) for start, stop in slabs)
         _check_finite(parts, shape, name)
@@ -440,8 +501,14 @@ def _in_slabs_of(rows, plan, fmt, random, check_finite: bool, name: str, shape: 
     if scheme.family == "nvfp4" and nvfp4 is None:
         nvfp4 = _nvfp4_global(amax_bits, scheme, rows.device)
     inverses = None if nvfp4 is None else _nvfp4_inverses(nvfp4)
+    # stochastic rounding takes |x| * m * 2**grid where the scale step can lift m
+    grid = 0 if random is None else _rounding.grid_exponent(fmt)
+    lifted_inverses = None if inverses is None or not grid else _lifted_inverses(inverses, grid)
     if amax_bits is not None and scheme.tiles(len(plan.shape))[0] is None:
         scales = _group_scales(amax_bits, scheme, fmt, nvfp4)
+        scaled = _grid_multiplier(scales[0], fmt) if grid else None
+        scales = scales if scaled is None else (scaled, *scales[1:])
+        constant_lifted = scaled is not None
     packed = fmt.name == "float4_e2m1fn"
     last = plan.shape[-1] // 2 if packed else plan.shape[-1]
     codes = torch.empty(plan.shape[:-1] + (last,), dtype=torch.uint8)
@@ -462,14 +529,14 @@ def _in_slabs_of(rows, plan, fmt, random, check_finite: bool, name: str, shape: 
         if flushed:
             xf = _bits.ftz(xf)
         if scales is not None:
-            multiplier, _, poisoned = scales
+            (multiplier, _, poisoned), lifted = scales, constant_lifted
         else:
             if amax_bits is not None:
                 slab_amax = amax_bits[groups]
             else:
-                slab_amax = _flushed_max(_groups.group_max(absb, scheme), on_host=True)
-            multiplier, scale[groups], poisoned = _group_scales(
-                slab_amax, scheme, fmt, nvfp4, on_host=True, inverses=inverses
+                slab_amax = _groups.group_max(absb, scheme)
+            multiplier, scale[groups], poisoned, lifted = _group_scales_on_host(
+                slab_amax, scheme, fmt, nvfp4, (inverses, lifted_inverses), grid
             )
         slab_random = None if random is None else random(start * row_size, tuple(xf.shape))
         if packed and len(plan.shape) == 1:  # two elements a byte along the axis cut
@@ -478,7 +545,7 @@ def _in_slabs_of(rows, plan, fmt, random, check_finite: bool, name: str, shape: 
             out = codes[start:stop]
         absb = None if flushed else absb  # |x| of the unflushed slab: remade from xf
         _element_codes_on_host(
-            xf, absb, multiplier, poisoned, scheme, fmt, slab_random, scratch, out
+            xf, absb, multiplier, poisoned, scheme, fmt, slab_random, scratch, out, lifted
         )
     return codes, scale, nvfp4
 
@@ -496,24 +563,22 @@ def _float32_slab(part: torch.Tensor, scratch: _scratch.Scratch) -> torch.Tensor
 def _amax_over_slabs(rows, plan, whole_tensor: bool = False) -> torch.Tensor:
     """The |x| pattern maxima (int32) of the groups of `rows`, which span its slabs (or
     NVFP4's global scale needs them all), taken a slab at a time; with `whole_tensor`,
-    the tensor's (0-d). One group (a tensor scale) is read with `torch.aminmax` in the
-    input's dtype, one vectorized pass: max(|min|, |max|) is the max of |x| (widening
-    to float32 is exact and monotone), and a NaN anywhere makes both NaN (torch's min
-    and max propagate it)."""
+    the tensor's (0-d). One group (a tensor scale) is read with one `torch.aminmax` over
+    the whole input in its dtype, a vectorized pass that makes no temporary (so no
+    slabs, and none of their per-slab ops): max(|min|, |max|) is the max of |x|
+    (widening to float32 is exact and monotone), and a NaN anywhere makes both NaN
+    (torch's min and max propagate it)."""
     scheme = plan.scheme
     shape = () if whole_tensor else scheme.scale_shape(plan.shape)
     amax_bits = torch.zeros(shape, dtype=torch.int32)
-    one_group = amax_bits.numel() == 1
+    if amax_bits.numel() == 1:
+        if rows.numel():
+            ends = torch.stack(torch.aminmax(rows)).to(torch.float32)
+            amax_bits.copy_(_bits.abs_bits(ends).amax().reshape(shape))
+        return amax_bits
     for start, stop in plan.slabs:
         part_rows = rows[start:stop]
-        if one_group:
-            if not part_rows.numel():
-                continue
-            low, high = torch.aminmax(part_rows)
-            ends = torch.stack([low, high]).to(torch.float32)
-            slab_amax = _bits.abs_bits(ends).amax().reshape(shape)
-        else:
-            slab_amax = _groups.group_max(_bits.abs_bits(part_rows.to(torch.float32)), scheme)
+        slab_amax = _groups.group_max(_bits.abs_bits(part_rows.to(torch.float32)), scheme)
         part = amax_bits[... if whole_tensor else plan.groups(start, stop)]
         torch.maximum(part, slab_amax, out=part)
     return amax_bits
@@ -586,22 +651,46 @@ def _nvfp4_inverses(nvfp4) -> torch.Tensor:
     return torch.where(p_is_zero, _bits.FLT_MAX, _bits.div_rn32(1.0, safe_p))
 
 
-def _nvfp4_block_scales_on_host(block_amax_bits, block_poisoned, nvfp4, inverses):
+def _nvfp4_block_scales_on_host(
+    block_amax_bits, block_poisoned, nvfp4, inverses, lifted_inverses=None
+):
     """`_nvfp4_block_scales` of an eager CPU slab: the same bytes and multipliers, 1/p
     read from `inverses` by each block's byte, the selects only where a block is
     poisoned. The product amax * k is not flushed: a float32 subnormal encodes to
-    byte 0, as its flush does."""
+    byte 0, as its flush does. With `block_poisoned` None (the caller read that no
+    block is, nor the tensor), the third item is instead whether 1/p comes lifted by
+    2**grid from `lifted_inverses` (`_lifted_inverses`), which it does where every
+    block's byte reaches that table's least finite one."""
     s_enc, _, tensor_poisoned = nvfp4
-    block_poisoned = block_poisoned | tensor_poisoned
     k = s_enc * _ONE_SIXTH
     # amax*k may overflow to Inf: the min bounds it.
     sb_value = torch.clamp(_bits.from_bits(block_amax_bits) * k, max=448.0)
     sb = _encode.encode(sb_value, _E4M3)
-    inv = torch.index_select(inverses, 0, sb.reshape(-1).to(torch.int32)).reshape(sb.shape)
+    index = sb.reshape(-1).to(torch.int32)
+    if block_poisoned is None:  # the caller read that none is, the tensor's flag included
+        # lifted 1/p where the least byte's is finite (1/p falls as the byte grows)
+        lifted = lifted_inverses is not None and int(torch.amin(index)) >= lifted_inverses[1]
+        table = lifted_inverses[0] if lifted else inverses
+        return torch.index_select(table, 0, index).reshape(sb.shape), sb, lifted
+    inv = torch.index_select(inverses, 0, index).reshape(sb.shape)
+    block_poisoned = block_poisoned | tensor_poisoned
     if not bool(block_poisoned.any()):
         return inv, sb, block_poisoned
     scale_bytes = torch.where(block_poisoned, _E4M3.nan_codes[0], sb.to(torch.int32))
     return inv, scale_bytes.to(torch.uint8), block_poisoned
+
+
+def _lifted_inverses(inverses: torch.Tensor, grid: int) -> tuple[torch.Tensor, int]:
+    """(`inverses` times 2**grid, the least e4m3 byte whose lifted 1/p is finite): the
+    lifted table is exact from that byte up (1/p falls as the byte grows, p = 0 at
+    byte 0 giving FLT_MAX), and a slab whose blocks' bytes all reach it reads its
+    stochastic rounding's multipliers from there (`_group_scales_on_host`)."""
+    lifted = inverses * 2.0**grid
+    finite = (lifted <= _bits.FLT_MAX)[:0x7F]  # the bytes a block stores (<= 448)
+    first = int(torch.argmax(finite.to(torch.uint8))) if bool(finite.any()) else 0x7F
+    if not bool(finite[first:].all()):
+        raise AssertionError("NVFP4's 1/p does not fall with the e4m3 byte")
+    return lifted, first
 
 
 def _plain_scale_bytes_or_float(q: _qtensor.QuantizedTensor) -> torch.Tensor:

@@ -4,7 +4,9 @@ The random bits are uint32 values carried in int64 tensors: torch lacks most uin
 operations on CPU, and int64 holds every intermediate of the hash exactly. An eager CPU
 slab (`_quantize._in_slabs_of`) takes the `_on_host` functions instead: the same bits
 held in int32 (four bytes an element, not eight; int32 ops on the CPU are 2-10x faster
-than int64 ones) and its codes computed from them in integer ops into reused buffers.
+than int64 ones), hashed through NumPy uint32 views of those buffers (NumPy has the
+logical shifts torch lacks for 32-bit integers), and its codes computed from them in
+integer ops into reused buffers.
 """
 
 import numpy as np
@@ -110,22 +112,43 @@ def random_bits_on_host(
 ) -> torch.Tensor:
     """`lowp.random_bits(seed, (count,), first)` as int32 of the same bits, on the CPU.
 
-    The hash of spec §4.2 in int32 arithmetic, which wraps mod 2**32 as uint32 does
-    (ATen's CPU kernels add and multiply int32 in two's complement), with each logical
-    shift an arithmetic one masked to the bits a logical one keeps; (i + first) * M + seed
-    is read as i * M (made once a call) plus first * M + seed. Written into `scratch`.
+    The hash of spec §4.2 on NumPy uint32 views of `scratch` buffers: NumPy's uint32
+    has the logical shifts of the spec, where torch's int32 needs an arithmetic shift
+    and a mask for each (nine passes instead of twelve: docs/performance.md, stochastic
+    rounding and NVFP4 on the host); uint32 adds and multiplies wrap mod 2**32 as the
+    spec's do.
+    (i + first) * M + seed is read as i * M (made once a call) plus first * M + seed.
+    Written into `scratch`.
     """
-    i32 = torch.int32
-    x = scratch.take("random", i32, (count,))
-    shifted = scratch.take("shifted", i32, (count,))
-    torch.add(scratch.index_products(count), _int32(first * 0x9E3779B9 + seed), out=x)
-    for shift, multiplier in ((16, 0x21F0AAAD), (15, 0x735A2D97), (15, None)):
-        torch.bitwise_right_shift(x, scratch.constant(shift, i32), out=shifted)
-        shifted.bitwise_and_(scratch.constant((1 << (32 - shift)) - 1, i32))
-        x.bitwise_xor_(shifted)
+    x = scratch.take("random", torch.int32, (count,))
+    shifted = _uint32(scratch.take("shifted", torch.int32, (count,)))
+    bits = _uint32(x)
+    start = np.uint32((first * 0x9E3779B9 + seed) & _MASK32)
+    np.add(_uint32(scratch.index_products(count)), start, out=bits)
+    for shift, multiplier in _HASH_STEPS:
+        np.right_shift(bits, shift, out=shifted)
+        bits ^= shifted
         if multiplier is not None:
-            x.mul_(scratch.constant(_int32(multiplier), i32))
+            bits *= multiplier
     return x
+
+
+_HASH_STEPS = (
+    (np.uint32(16), np.uint32(0x21F0AAAD)),
+    (np.uint32(15), np.uint32(0x735A2D97)),
+    (np.uint32(15), None),
+)
+
+
+def _uint32(t: torch.Tensor) -> np.ndarray:
+    """The NumPy uint32 view of a contiguous int32 CPU tensor (no copy)."""
+    return t.numpy().view(np.uint32)
+
+
+def grid_exponent(fmt: lowp.Format) -> int:
+    """K = mbits - emin + 24: |v| * 2**K is |v| on the subnormal grid of `fmt` with 24
+    fraction bits, the scaled magnitude `stochastic_codes_on_host` can take."""
+    return fmt.mbits - (1 - fmt.bias) + 24
 
 
 def stochastic_codes_on_host(
@@ -135,44 +158,56 @@ def stochastic_codes_on_host(
     random: torch.Tensor,
     scratch: _scratch.Scratch,
     out: torch.Tensor,
+    scaled: bool = False,
 ) -> None:
     """Spec §4.1's stochastic rounding of each element of an eager CPU slab into the
     uint8 tensor `out`: the element's |v| is the float32 `magnitude` (contiguous, >= 0,
-    clamped to fmt.max here; overwritten), its sign bit 31 of the int32 `sign_bits`,
-    its random bits the int32 `random` (uint32 bits; overwritten).
+    clamped to fmt.max here; overwritten), or with `scaled` |v| * 2**K (K =
+    `grid_exponent(fmt)`: the caller folds 2**K into its multipliers where their
+    product stays finite), its sign bit 31 of the int32 `sign_bits`, its random bits
+    the int32 `random` (uint32 bits; overwritten).
 
     `lowp._rounding.stochastic_codes` in int32 ops; that docstring derives the two
     parts. Here they are added before the one shift that both end in: with a =
     min(magnitude's pattern, fmt.max's), MINB the pattern of the format's smallest
     normal and R = r >>> 8, the magnitude code is (T + R + (max(a, MINB) - MINB) *
-    2**(mbits + 1)) >> 24, T = floor(min(a, MINB) * 2**(mbits - emin + 24)) (below
-    2**(mbits + 24), and exactly that at or above MINB): the first part's dropped bits
-    (k = 23 - mbits of them) times 2**(24 - k) line up with R's 24. MINB * 2**(mbits + 1)
-    is a multiple of 2**24, so it is left in and taken off the low byte at the end; the
-    int32 sum wraps mod 2**32, which keeps every bit of that byte. `>>>` is the logical
-    shift: an arithmetic one, masked. Four slab-sized buffers in all (`random` among
-    them): the fewer, the more of them stay in the cache on a busy machine.
+    2**(mbits + 1)) >> 24, T = floor(min(a, MINB) * 2**K) (below 2**(mbits + 24), and
+    exactly that at or above MINB): the first part's dropped bits (k = 23 - mbits of
+    them) times 2**(24 - k) line up with R's 24. MINB * 2**(mbits + 1) is a multiple of
+    2**24, so it is left in and taken off the low byte at the end; the int32 sum wraps
+    mod 2**32, which keeps every bit of that byte.
+
+    A scaled magnitude is RN32(|x| * m * 2**K) = |v| * 2**K exactly where |v| is a
+    normal float32, so its pattern is a's plus K << 23 and the bounds move with it (the
+    surplus K * 2**(mbits + 24) of the sum leaves the low byte with the MINB term); where
+    |v| is a float32 subnormal, T is 0 and max(a, MINB) is MINB either way. Three
+    slab-sized buffers in all (`random` among them): the fewer, the more of them stay in
+    the cache on a busy machine.
     """
     i32, c = torch.int32, scratch.constant
-    min_normal_bits = (128 - fmt.bias) << 23
+    k_grid = grid_exponent(fmt)
+    lift = k_grid << 23 if scaled else 0  # the pattern's offset in a scaled magnitude
+    min_normal_bits = ((128 - fmt.bias) << 23) + lift
     shape = tuple(magnitude.shape)
     a = _bits.bits(magnitude)
     normal = scratch.take("normal", i32, shape)
     # clamp's bounds stay Python numbers: with tensor bounds ATen takes a slower kernel
-    torch.clamp(a, min_normal_bits, _encode.max_bits(fmt), out=normal)
+    torch.clamp(a, min_normal_bits, _encode.max_bits(fmt) + lift, out=normal)
     a.clamp_(max=min_normal_bits)
-    # exact: T, below 2**27
-    magnitude.mul_(c(2.0 ** (fmt.mbits - (1 - fmt.bias) + 24), torch.float32))
-    shifted = scratch.take("shifted", i32, shape)
-    torch.bitwise_right_shift(random, c(8, i32), out=shifted)
-    shifted.bitwise_and_(c(0xFFFFFF, i32))
-    total = random  # its bits are all in `shifted` now
-    total.copy_(magnitude)  # truncation: the floor, as magnitude >= 0
-    total.add_(shifted)
+    if not scaled:  # exact: a power of two, T below 2**(mbits + 24)
+        magnitude.mul_(c(2.0**k_grid, torch.float32))
+    total = random
+    np.right_shift(_uint32(random), _R_SHIFT, out=_uint32(random))  # R = r >>> 8
+    a.copy_(magnitude)  # T, in place: truncation is the floor, as magnitude >= 0
+    total.add_(a)
     total.add_(normal, alpha=1 << (fmt.mbits + 1))
     total.bitwise_right_shift_(c(24, i32))
-    torch.bitwise_right_shift(sign_bits, c(31, i32), out=shifted)  # -1 where negative
-    total.sub_(shifted, alpha=1 << (fmt.ebits + fmt.mbits))
+    torch.bitwise_right_shift(sign_bits, c(31, i32), out=a)  # -1 where negative
+    total.sub_(a, alpha=1 << (fmt.ebits + fmt.mbits))
     out.copy_(total)  # int32 -> uint8 keeps the low byte
-    # MINB * 2**(mbits + 1) >> 24, mod 256 (uint8 wraps)
-    out.sub_(c(((128 - fmt.bias) << fmt.mbits) & 0xFF, torch.uint8))
+    # (MINB + lift) * 2**(mbits + 1) >> 24, mod 256 (uint8 wraps)
+    surplus = (128 - fmt.bias + (k_grid if scaled else 0)) << fmt.mbits
+    out.sub_(c(surplus & 0xFF, torch.uint8))
+
+
+_R_SHIFT = np.uint32(8)

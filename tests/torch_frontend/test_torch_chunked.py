@@ -137,6 +137,39 @@ def test_slabs_give_the_whole_tensors_bytes(scheme, rounding, monkeypatch):
                 assert got == whole, (shape, hp_dtype, chunk_elements)
 
 
+@pytest.mark.parametrize(
+    "scheme",
+    [
+        lowp.TensorScaling(),
+        lowp.AxisScaling(axis=-1),
+        lowp.MXScaling(block=8),
+        lowp.MXScaling("float4_e2m1fn", block=8, mode="ceil"),
+        lowp.NVFP4Scaling(block=8),
+        lowp.NVFP4Scaling(block=8, global_scale=False),
+    ],
+    ids=lambda s: s.spec,
+)
+def test_stochastic_slabs_lift_their_multipliers_only_where_they_stay_finite(scheme, monkeypatch):
+    """Stochastic rounding on the host folds 2**K into the multipliers where every one
+    stays finite: rows of groups at 2**-110 (MX bytes below K), all-zero rows (NVFP4's
+    byte 0, 1/p = FLT_MAX) and rows of 2**-126 neighbours, one or several to a slab,
+    give the whole-tensor ops' bytes and the reference's."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    x[1] *= np.float32(2.0**-110)
+    x[3] = 0
+    x[5] *= np.float32(2.0**-100)
+    x[6] = np.float32(2.0**-126) * rng.choice([-1.0, 1.0], 16).astype(np.float32)
+    t = torch.from_numpy(x)
+    kwargs = {"rounding": "stochastic", "seed": 3}
+    whole = _bytes(_whole(monkeypatch, t, scheme, **kwargs))
+    reference = _reference_bytes(_reference(t, scheme, **kwargs))
+    assert whole[1] == reference[1] and whole[3] == reference[3]
+    for chunk_elements in (16, 48, 10**6):
+        got = _bytes(lowp_torch.quantize(t, scheme, chunk_elements=chunk_elements, **kwargs))
+        assert got == whole, chunk_elements
+
+
 @pytest.mark.parametrize("scheme", [lowp.AxisScaling(axis=0), lowp.MXScaling(block=8)], ids=str)
 def test_a_strided_input_gives_the_bytes_of_its_copy(scheme):
     """A transposed (non-contiguous) input is cut as it lies, its leading dims unmerged."""
@@ -257,10 +290,17 @@ def test_the_host_element_steps_give_the_references_codes(fmt):
             else np.full(v.shape, r, np.uint32)
         )
         want = _rounding.stochastic_codes(clamped, fmt, bits, _rounding.Scratch())
-        random = torch.from_numpy(bits.copy()).view(torch.int32)
-        magnitude = torch.from_numpy(np.abs(v))
-        torch_rounding.stochastic_codes_on_host(magnitude, sign_bits, fmt, random, scratch, out)
-        assert np.array_equal(out.numpy(), want), r
+        # |v| itself, and |v| * 2**K as a caller's scaled multipliers make it (float32
+        # subnormals and overflows included)
+        grid = np.float32(2.0 ** torch_rounding.grid_exponent(fmt))
+        with np.errstate(over="ignore"):
+            scaled_magnitude = np.abs(v) * grid
+        for scaled, magnitude in ((False, np.abs(v)), (True, scaled_magnitude)):
+            random = torch.from_numpy(bits.copy()).view(torch.int32)
+            torch_rounding.stochastic_codes_on_host(
+                torch.from_numpy(magnitude), sign_bits, fmt, random, scratch, out, scaled
+            )
+            assert np.array_equal(out.numpy(), want), (r, scaled)
 
 
 def test_the_host_random_bits_are_lowps():
