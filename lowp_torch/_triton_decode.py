@@ -404,6 +404,29 @@ class Decode:
             "NATIVE": native,
         }
 
+    def traced_call(self, x, w_codes, w_scale, bias):
+        """`__call__` as a compiled graph makes it (`_decode_op`'s triton_op): the launch
+        through `wrap_triton`, so Inductor launches the kernel from its own code, not
+        through a Python op; the split-K workspace is the graph's, its counts zeroed
+        each call (the eager workspace's reuse across calls is not traceable)."""
+        from torch.library import wrap_triton
+
+        m = x.shape[0]
+        config = default_config(m, self.n, self.k, self.programs)
+        y = torch.empty((m, self.n), dtype=self.hp_dtype, device=x.device)
+        partials, counts = w_scale, w_scale
+        tiles = triton.cdiv(self.n, config.block_n)
+        if config.split_k > 1:
+            partials = torch.empty(
+                config.split_k * m * self.n, dtype=torch.float32, device=x.device
+            )
+            counts = torch.zeros(tiles, dtype=torch.int32, device=x.device)
+        args = self._args(x, w_codes, w_scale, bias, y, config, None, partials, counts)
+        wrap_triton(decode_linear_kernel)[(tiles * config.split_k,)](
+            **args, num_warps=config.num_warps, num_stages=config.num_stages
+        )
+        return y
+
     def _launch(self, x, w_codes, w_scale, bias, y, config, store, stream):
         """The general launch; with a stream (CUDA), also binds it for `__call__`'s
         later calls of this M, bias or not, stream and config (None: the default).
@@ -412,11 +435,27 @@ class Decode:
         key = (m, bias is not None, stream, config)
         config = config or default_config(m, self.n, self.k, self.programs)
         tiles = triton.cdiv(self.n, config.block_n)
-        unused = w_scale  # a pointer for the arguments this launch does not read
-        partials, counts = unused, unused
+        partials, counts = w_scale, w_scale  # pointers this launch does not read
         if config.split_k > 1:
             partials, counts = _workspace(x.device, stream, config.split_k * m * self.n, tiles)
-        args = {
+        args = self._args(x, w_codes, w_scale, bias, y, config, store, partials, counts)
+        if m != 1 and not config.use_dot:
+            raise ValueError(f"the decode kernel's FMA form takes one row, got M={m}")
+        grid = (tiles * config.split_k,)
+        compiled = decode_linear_kernel[grid](
+            **args, num_warps=config.num_warps, num_stages=config.num_stages
+        )
+        if stream is not None and store is None and compiled is not None:
+            if hasattr(compiled, "result"):
+                compiled = compiled.result()
+            values = [args[name] for name in decode_linear_kernel.arg_names]
+            self._bound[key] = _BoundLaunch(compiled, grid, stream, values)
+
+    def _args(self, x, w_codes, w_scale, bias, y, config, store, partials, counts) -> dict:
+        """The kernel's arguments, by name; w_scale stands in for pointers not read."""
+        unused = w_scale
+        m = x.shape[0]
+        return {
             "x_ptr": x,
             "w_ptr": w_codes,
             "w_scale_ptr": w_scale,
@@ -432,17 +471,6 @@ class Decode:
                 m, config, bias is not None, store is not None, _triton_casts._native(x)
             ),
         }
-        if m != 1 and not config.use_dot:
-            raise ValueError(f"the decode kernel's FMA form takes one row, got M={m}")
-        grid = (tiles * config.split_k,)
-        compiled = decode_linear_kernel[grid](
-            **args, num_warps=config.num_warps, num_stages=config.num_stages
-        )
-        if stream is not None and store is None and compiled is not None:
-            if hasattr(compiled, "result"):
-                compiled = compiled.result()
-            values = [args[name] for name in decode_linear_kernel.arg_names]
-            self._bound[key] = _BoundLaunch(compiled, grid, stream, values)
 
 
 def launch_hooks_set() -> bool:
