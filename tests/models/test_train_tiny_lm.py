@@ -8,11 +8,14 @@ one bit for bit, losses and weights, in each framework.
 """
 
 import dataclasses
+import functools
 import pathlib
 import sys
 
 import numpy as np
 import pytest
+
+import lowp
 
 torch = pytest.importorskip("torch")
 for _name in ("jax", "flax", "optax"):
@@ -108,14 +111,56 @@ def test_config_names_a_bad_dim():
 def test_the_nvfp4_ablation_drops_the_transform_and_stochastic_rounding():
     """`nvfp4_no_rht_sr` is nvfp4's schemes with every operand rounded to nearest and
     none transformed: the comparison that shows what the two buy."""
-    import lowp
-
     ablation, nvfp4 = tinylm.recipe_of("nvfp4_no_rht_sr"), lowp.Recipe.from_name("nvfp4")
     assert tinylm.recipe_of("nvfp4") == "nvfp4" and "nvfp4_no_rht_sr" in tinylm.RUNS
     for gemm in ("forward", "dgrad", "wgrad"):
         got, base = getattr(ablation, gemm), getattr(nvfp4, gemm)
         assert (got.a, got.b) == (base.a, base.b), gemm
         assert (got.a_rounding, got.b_rounding, got.hadamard) == ("nearest", "nearest", False)
+
+
+PROJECTIONS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
+
+
+def _layer_recipes(framework: str, trainer) -> dict:
+    """The recipe each block projection and the LM head of a trainer's model trains
+    with (None: unquantized), by torch module name."""
+    from flax import nnx
+
+    import lowp_jax
+    import lowp_torch
+
+    names = [f"blocks.{i}.{p}" for i in range(CFG.layers) for p in PROJECTIONS] + ["head"]
+    if framework == "torch":
+        modules = dict(trainer.model.named_modules())
+        return {
+            n: modules[n].recipe if isinstance(modules[n], lowp_torch.Linear) else None
+            for n in names
+        }
+    model = nnx.merge(trainer.graphdef, trainer.state)
+    out = {}
+    for n in names:
+        dot = functools.reduce(getattr, n.split("."), model).dot_general
+        quantized = isinstance(dot, lowp_jax.TrainingDotGeneral)
+        assert not quantized or dot.small_shapes == "quantize", n  # no bf16 fallback
+        out[n] = dot.recipe if quantized else None
+    return out
+
+
+@pytest.mark.parametrize(
+    "run", ["bf16", "float8_blockwise", "nvfp4", *lowp.Recipe.ablation_names()]
+)
+def test_every_block_projection_trains_with_the_runs_recipe(run):
+    """What `bench/probes/nvfp4_ablation_lm.py` compares is the recipe itself, in both
+    frameworks: each block projection quantizes with the run's `lowp.Recipe` (an
+    ablation variant's own, not nvfp4's), the LM head with none, and bf16 with none."""
+    want = None if run == "bf16" else lowp.Recipe.of(tinylm.recipe_of(run))
+    assert want is None or want.name == run
+    params = tinylm.init_params(CFG, seed=0)
+    for framework, make in TRAINERS.items():
+        got = _layer_recipes(framework, make(CFG, run, params))
+        assert got.pop("head") is None, framework
+        assert got == dict.fromkeys(got, want), framework
 
 
 MOE_CFG = dataclasses.replace(CFG, ffn="moe", experts=4, top_k=2)
