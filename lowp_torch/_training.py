@@ -214,9 +214,7 @@ def _quantize_operand(t, operand, name: str) -> QuantizedTensor:
     if operand.plain:
         return _quantize.quantize(t, operand.scheme, name=name)
     if operand.hadamard:
-        negative = _hadamard_negative_signs(operand.recipe_seed, t.shape[-1])
-        bit = (negative >> torch.arange(16, device=t.device)) & 1
-        signs = (1 - 2 * bit).to(torch.float32)  # OperandPlan.signs: +1, or -1 where set
+        signs = _hadamard_signs(operand.recipe_seed, t.shape[-1], t.device)
         t = extend.hadamard_transform(_bits.ftz(t.float()), signs, stack=torch.stack, ftz=_bits.ftz)
     if operand.rounding == "nearest":
         return _quantize.quantize(t, operand.scheme, name=name)
@@ -228,13 +226,17 @@ def _quantize_operand(t, operand, name: str) -> QuantizedTensor:
     )
 
 
-@torch.compiler.assume_constant_result
-def _hadamard_negative_signs(seed: int, length: int) -> int:
-    """`OperandPlan.signs(length)` of a recipe of seed `seed` as the bits of an int, bit
-    i set where sign i is -1: a constant to torch.compile, which cannot trace the crc32
-    the signs are drawn from."""
-    signs = extend.hadamard_signs(seed, "", (length,))
-    return sum(1 << i for i, sign in enumerate(signs.tolist()) if sign < 0)
+@torch.library.custom_op("lowp::hadamard_signs", mutates_args=())
+def _hadamard_signs(seed: int, length: int, device: torch.device) -> torch.Tensor:
+    """`OperandPlan.signs(length)` of a recipe of seed `seed`, float32 on `device`. An
+    opaque op: torch.compile cannot trace the crc32 the signs are drawn from, and the
+    length (the token count of the wgrad) may be symbolic."""
+    return torch.from_numpy(extend.hadamard_signs(seed, "", (length,))).to(device)
+
+
+@_hadamard_signs.register_fake
+def _(seed, length, device):
+    return torch.empty(16, dtype=torch.float32, device=device)  # one sign per row of H16
 
 
 def _one_read(t, later, name: str) -> bool:
