@@ -96,9 +96,8 @@ def cast_kernels(mode: str):
 
 def current_mode() -> str:
     """The mode in this thread: its own innermost block's, else the latest open block's.
-    Only reads: asked inside a torch.compile'd autograd.Function, a first-call write
-    of the thread's list would be a side effect Dynamo refuses there (it failed the
-    trace of every training layer compiled before its first eager call)."""
+    Only reads: it is asked inside torch.compile'd autograd.Functions, where creating
+    the thread's list would be a side effect Dynamo refuses."""
     own = getattr(_THREAD, "modes", None)
     return own[-1] if own else _MODE[0]
 
@@ -124,17 +123,17 @@ def use_triton(t, scheme, *, rounding, random_bits, seed, offset, check_finite, 
         return False
     mode = current_mode()
     if mode == "torch":
-        _log.debug(f"{name}: quantize on torch ops (cast_kernels('torch'))")
+        _log.debug(lambda: f"{name}: quantize on torch ops (cast_kernels('torch'))")
         return False
     problem = triton_problem(
         t, scheme, rounding, random_bits, seed, offset, check_finite, mode == "triton"
     )
     if problem is None:
-        _log.debug(f"{name}: quantize with {scheme} on the Triton kernels")
+        _log.debug(lambda: f"{name}: quantize with {scheme} on the Triton kernels")
         return True
     if mode == "triton":
         raise ValueError(f"{name}: cast_kernels('triton') cannot run: {problem}")
-    _log.debug(f"{name}: quantize on torch ops: {problem}")
+    _log.debug(lambda: f"{name}: quantize on torch ops: {problem}")
     return False
 
 

@@ -18,12 +18,6 @@ from lowp_torch import _bits, _encode, _scratch
 _MASK32 = 0xFFFFFFFF
 
 
-def _int32(c: int) -> int:
-    """The int32 whose bits are those of `c` mod 2**32."""
-    c &= _MASK32
-    return c - (1 << 32) if c >= 1 << 31 else c
-
-
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
     """(x * c) mod 2**32 for x in [0, 2**32) (int64) and a constant c < 2**32.
 

@@ -164,6 +164,17 @@ _OP = textwrap.dedent(
         bias = torch.randn(24, generator=gen).to(torch.bfloat16)
         args = (x, w.codes.view(torch.uint8), w.scale.reshape(-1), bias, _cast_ops.scheme_key(scheme))
         torch.library.opcheck(torch.ops.lowp.decode_linear, args)
+    # the launch a compiled graph makes (the triton_op's body on a GPU), split K 16 ways
+    # at this shape, gives the eager call's bytes
+    from lowp_torch import _decode_op
+    w = lowp_torch.quantize(torch.randn(32, 4096, generator=gen), lowp.AxisScaling())
+    x = torch.randn(1, 4096, generator=gen).to(torch.bfloat16)
+    codes, scale = w.codes.view(torch.uint8), w.scale.reshape(-1)
+    decode = _decode_op._decode_of(32, 4096, x.dtype, x.device, _cast_ops.scheme_key(lowp.AxisScaling()), True)
+    from lowp_torch import _triton_decode
+    assert _triton_decode.default_config(1, 32, 4096, decode.programs).split_k > 1
+    traced = decode.traced_call(x, codes, scale, None)
+    assert torch.equal(traced.view(torch.int16), decode(x, codes, scale).view(torch.int16))
     print('"op ok"')
     """
 )
