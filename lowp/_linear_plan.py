@@ -35,6 +35,8 @@ transposed.
 
 import dataclasses
 import zlib
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -60,22 +62,25 @@ def along_first_axis(scheme: _schemes.Scheme) -> _schemes.Scheme | None:
     return scheme.permuted((1, 0))
 
 
-class _made_with_plan:
+_T = TypeVar("_T")
+
+
+class _made_with_plan(Generic[_T]):
     """A property of a frozen plan computed once, when the plan is made (`_make_all`
     in `__post_init__`), and then read from the instance. Not computed on first use as
     `functools.cached_property` is: a plan first read inside a torch.compile'd
     autograd.Function would write to an object outside the traced function, which
     Dynamo refuses, and Python 3.11's cached_property takes a lock Dynamo cannot enter."""
 
-    def __init__(self, fn):
+    def __init__(self, fn: Callable[[Any], _T]) -> None:
         self.fn, self.name, self.__doc__ = fn, fn.__name__, fn.__doc__
 
     def __set_name__(self, owner, name):
         self.name = name
 
-    def __get__(self, obj, owner=None):
+    def __get__(self, obj, owner=None) -> _T:
         if obj is None:
-            return self
+            return self  # type: ignore[return-value]  # the class's own attribute
         value = obj.__dict__[self.name] = self.fn(obj)
         return value
 
