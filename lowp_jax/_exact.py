@@ -24,6 +24,7 @@ from jax import lax
 from lowp_jax import _bits
 
 _DIVIDE_STEPS = 26  # 24 quotient bits plus a guard and a round bit; the remainder is the sticky bit
+_DIGITS = (8, 8, 8, 1)  # the quotient bits after the leading one, a uint32 divide each
 
 
 def _round_pack(sign: jnp.ndarray, sig: jnp.ndarray, exp: jnp.ndarray, sticky: jnp.ndarray):
@@ -83,17 +84,19 @@ def div_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
     abs_a, exp_a, ma = _unpack(ba)
     abs_b, exp_b, mb = _unpack(bb)
 
-    # Make ma/mb lie in [1, 2): then the quotient's leading bit is the first one produced.
+    # Make ma/mb lie in [1, 2): then the quotient's leading bit is 1, with remainder ma - mb.
     smaller = ma < mb
     ma = jnp.where(smaller, ma << 1, ma)
     exp_a = exp_a - smaller.astype(jnp.int32)
-    # Restoring division: 26 quotient bits; r stays below 2**26 throughout.
-    q = jnp.zeros_like(ma)
-    r = ma
-    for _ in range(_DIVIDE_STEPS):
-        bit = r >= mb
-        q = (q << 1) | bit.astype(jnp.uint32)
-        r = (r - jnp.where(bit, mb, np.uint32(0))) << 1
+    # Long division in base 2**8 on uint32 integer divides, which are exact on every
+    # backend: the remainder stays below mb < 2**24, so (r << 8) fits 32 bits.
+    q = jnp.ones_like(ma)
+    r = ma - mb
+    for digit_bits in _DIGITS:
+        t = r << digit_bits
+        d = t // mb
+        q = (q << digit_bits) | d
+        r = t - d * mb
     quotient = _round_pack(sign, q, exp_a - exp_b - (_DIVIDE_STEPS - 1), r != 0)
 
     nan_a, nan_b = abs_a > _bits.INF_BITS, abs_b > _bits.INF_BITS
@@ -104,6 +107,37 @@ def div_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
     out = jnp.where(zero_a | inf_b, sign, out)
     out = jnp.where(nan, _bits.NAN_BITS, out)
     return _bits.from_bits(out)
+
+
+def pow2_floor_div(numerator: float, b: jnp.ndarray) -> jnp.ndarray:
+    """2**floor(log2(RN32(numerator / b))), the power-of-two scale of spec §3.1, from
+    exponent bits alone; +Inf where RN32 overflows, as `div_rn` then clearing the mantissa.
+
+    With numerator = sn * 2**en and b = sb * 2**eb (significands in [1, 2)), the
+    quotient is (sn / sb) * 2**(en - eb), and RN32 never carries it across a power of
+    two: for sn >= sb, sn / sb <= sn <= 2 - 2**-23, a float32; for sn < sb,
+    sn / sb <= 1 - 2**-23 / sb < 1 - 2**-24, below the midpoint under 1. So the floor
+    exponent is en - eb - [sn < sb].
+
+    Args:
+      numerator: a positive float32 constant of at least 4, so that no quotient is
+        subnormal (numerator / FLT_MAX >= 2**-126).
+      b: float32 array, positive, normal and finite.
+    """
+    if not numerator >= 4 or float(np.float32(numerator)) != numerator:
+        raise ValueError(f"pow2_floor_div needs a float32 numerator of at least 4, got {numerator}")
+    n = _bits.f32_pattern(numerator)
+    bb = _bits.bits(jnp.asarray(b, jnp.float32))
+    smaller = (n & _bits.MANT_MASK) < (bb & _bits.MANT_MASK)
+    field = int(n >> 23) - _bits.biased_exponent(bb) - smaller.astype(jnp.int32) + 127
+    return _bits.from_bits(jnp.where(field >= 255, _bits.INF_BITS, field.astype(jnp.uint32) << 23))
+
+
+def reciprocal_pow2(m: jnp.ndarray) -> jnp.ndarray:
+    """ftz(1 / m) for m a positive normal power of two or +Inf, from exponent bits: the
+    reciprocal 2**-k is exact, and flushes to 0 below 2**-126 (m of 2**127 and Inf)."""
+    field = _bits.biased_exponent(_bits.bits(jnp.asarray(m, jnp.float32)))
+    return _bits.from_bits(jnp.where(field < 254, (254 - field).astype(jnp.uint32) << 23, 0))
 
 
 def mul_narrow(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from jax import lax
 from jax_cases import divide_pairs, ftz, random_f32, reference_divide
 
 import lowp
@@ -194,3 +195,42 @@ def test_half_precision_conversions_are_exact(name, dtype):
     assert diff.size == 0, (
         f"0x{b[diff[0]]:08X} -> 0x{got[diff[0]]:04X}, NumPy 0x{want[diff[0]]:04X}"
     )
+
+
+@pytest.mark.parametrize("fmt", lowp.ELEMENT_FORMATS)
+def test_power_of_two_scales_from_exponent_bits_equal_the_divisions(fmt):
+    """pow2_floor_div and reciprocal_pow2 against div_rn then clearing the mantissa, and
+    div_rn(1, m): every exponent of b, with the significands around the numerator's (the
+    only place the floor changes), the ends of each binade and random ones."""
+    numerator = float(lowp.FORMATS[fmt].max)
+    sig = int(np.float32(numerator).view(np.uint32)) & 0x7FFFFF
+    rng = np.random.default_rng(3)
+    mantissas = np.unique(
+        np.concatenate(
+            [
+                [0, 1, 0x7FFFFF, max(sig - 1, 0), sig, min(sig + 1, 0x7FFFFF)],
+                rng.integers(0, 0x800000, 64),
+            ]
+        )
+    ).astype(np.uint32)
+    exponents = np.arange(1, 255, dtype=np.uint32)
+    b = ((exponents[:, None] << 23) | mantissas[None, :]).ravel().view(np.float32)
+
+    @jax.jit
+    def both(b):
+        divided = _exact.div_rn(np.float32(numerator), b)
+        m_want = lax.bitcast_convert_type(
+            lax.bitcast_convert_type(divided, jnp.uint32) & np.uint32(0x7F800000), jnp.float32
+        )
+        m = _exact.pow2_floor_div(numerator, b)
+        return m, m_want, _exact.reciprocal_pow2(m), _exact.div_rn(np.float32(1), m_want)
+
+    m, m_want, d, d_want = both(b)
+    assert np.isinf(m_want).any()  # the overflow corner is among the cases
+    assert_same_bits(m, m_want, b)
+    assert_same_bits(d, d_want, b)
+
+
+def test_power_of_two_division_rejects_a_numerator_with_subnormal_quotients():
+    with pytest.raises(ValueError, match="at least 4, got 1.0"):
+        _exact.pow2_floor_div(1.0, jnp.float32(3))
