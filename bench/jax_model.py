@@ -32,7 +32,7 @@ TRAIN_RECIPES = ("float8_tensorwise", "float8_rowwise")
 INFER_PRESETS = ("float8_tensorwise", "float8_rowwise")
 
 
-class _Slice(nn.Module):
+class Slice(nn.Module):
     shape: Shape
     dot: dict  # nn.Dense's dot_general_cls, or nothing: lax.dot_general
 
@@ -60,7 +60,8 @@ class _Slice(nn.Module):
         return x
 
 
-def _dot(variant: str) -> dict:
+def dense_dot(variant: str) -> dict:
+    """nn.Dense's dot arguments for a training variant."""
     if variant in ("bf16", "infer"):
         return {}
     if variant == "flax_fp8":
@@ -80,7 +81,7 @@ def infer_variants() -> list[str]:
 
 
 def _compile_train(variant, s, x, dy):
-    model = _Slice(s, _dot(variant))
+    model = Slice(s, dense_dot(variant))
     variables = _halved(model.init(jax.random.key(0), x))
 
     def step(variables, x, dy):
@@ -91,7 +92,7 @@ def _compile_train(variant, s, x, dy):
 
 
 def _compile_infer(variant, s, x):
-    model = _Slice(s, {})
+    model = Slice(s, {})
     params = _halved(model.init(jax.random.key(0), x))
     if variant == "bf16":
         return jax.jit(model.apply).lower(params, x).compile(), (params, x)
