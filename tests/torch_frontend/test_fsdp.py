@@ -5,6 +5,7 @@ with those bytes), and the gather moves about half bf16's bytes."""
 
 import contextlib
 import dataclasses
+import gc
 import os
 import tempfile
 
@@ -39,6 +40,12 @@ def _entry(rank, worker, ranks, d, args):
     )
     try:
         torch.save(worker(rank, ranks, *args), os.path.join(d, f"{rank}.pt"))
+        # A rank once aborted at exit ("terminate called without an active exception"),
+        # as gloo does when its work objects die during interpreter finalization
+        # (pytorch/pytorch#179291). FSDP2's modules can hold them in reference cycles:
+        # free them while the interpreter lives, with both ranks past every collective.
+        gc.collect()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
