@@ -167,10 +167,13 @@ def _float_group_scales(absb, scheme, fmt) -> tuple[jax.Array, jax.Array, jax.Ar
 
 
 def _float_scales(amax_bits, fmt, pow2: bool) -> tuple[jax.Array, jax.Array]:
-    """Encode multiplier m and stored decode scale d (spec §3.1), both exact divisions."""
-    m = _exact.div_rn(np.float32(fmt.max), _bits.from_bits(jnp.maximum(amax_bits, _EPS_BITS)))
-    if pow2:  # round down to a power of two by clearing the mantissa: exact, no log2
-        m = _bits.from_bits(_bits.bits(m) & _bits.EXP_MASK)
+    """Encode multiplier m and stored decode scale d (spec §3.1), both exact divisions;
+    a power-of-two m and its reciprocal come from exponent bits, with the same result."""
+    amax = _bits.from_bits(jnp.maximum(amax_bits, _EPS_BITS))
+    if pow2:
+        m = _exact.pow2_floor_div(fmt.max, amax)
+        return m, _exact.reciprocal_pow2(m)
+    m = _exact.div_rn(np.float32(fmt.max), amax)
     return m, _exact.div_rn(np.float32(1), m)
 
 
