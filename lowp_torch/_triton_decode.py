@@ -41,7 +41,10 @@ from triton import knobs
 import lowp
 from lowp import extend
 from lowp_torch import _triton_casts
-from lowp_torch import _triton_kernels as _tk
+
+# By bare name, not through a module alias: Inductor rebuilds a `wrap_triton` kernel's
+# source from the JIT functions its globals name, and skips attributes of modules.
+from lowp_torch._triton_kernels import _abs_bits, _encode, _float_scale, _load
 
 MAX_M = 16  # the rows a call may have; above it `torch._scaled_mm`'s tensor-core GEMM runs
 MAX_SPLIT_K = 16
@@ -174,14 +177,14 @@ def decode_linear_kernel(
     for i in tl.range(AMAX_STEPS, num_stages=NUM_STAGES):
         for j in tl.static_range(AMAX_UNROLL):
             ks = (i * AMAX_UNROLL + j) * BLOCK_K + kb
-            xa = _tk._load(
+            xa = _load(
                 x_ptr, rows[:, None] * K + ks[None, :], row_mask[:, None] & (ks < K)[None, :]
             )
-            amax_tile = tl.maximum(amax_tile, _tk._abs_bits(xa))
+            amax_tile = tl.maximum(amax_tile, _abs_bits(xa))
     amax = tl.max(amax_tile, axis=1)
     if not A_ROWWISE:
         amax = tl.zeros([BLOCK_M], tl.int32) + tl.max(amax, axis=0)
-    m, a_scale, poisoned = _tk._float_scale(amax, FMT_MAX, POW2)
+    m, a_scale, poisoned = _float_scale(amax, FMT_MAX, POW2)
 
     # 2. this program's weight rows and K-share
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -197,10 +200,8 @@ def decode_linear_kernel(
     for i in tl.range(K_STEPS, num_stages=NUM_STAGES):
         ks = k_base + i * BLOCK_K + kb
         a_mask = row_mask[:, None] & (ks < K)[None, :]
-        xk = _tk._load(x_ptr, rows[:, None] * K + ks[None, :], a_mask)
-        a_codes = _tk._encode(
-            xk, m[:, None], poisoned[:, None], FMT_MAX, EBITS, MBITS, BIAS, NATIVE
-        )
+        xk = _load(x_ptr, rows[:, None] * K + ks[None, :], a_mask)
+        a_codes = _encode(xk, m[:, None], poisoned[:, None], FMT_MAX, EBITS, MBITS, BIAS, NATIVE)
         if STORE_ACTIVATION:
             tl.store(
                 codes_ptr + rows[:, None] * K + ks[None, :], a_codes, mask=a_mask & (pid_n == 0)

@@ -240,9 +240,9 @@ def test_compiled_call_takes_the_decode_op_under_the_interpreter():
     assert _run_interpreted(_COMPILED, timeout=900) == "compiled ok"
 
 
-def _compile_for_sm90(m, n, k, config, rowwise, has_bias):
-    """The kernel compiled for an sm_90 GPU, here without one: Triton's lowering to PTX
-    and ptxas run on the CPU (no launch)."""
+def _compile_for_sm90(m, n, k, config, rowwise, has_bias, kernel=None):
+    """The kernel (or `kernel`, a copy of it) compiled for an sm_90 GPU, here without one:
+    Triton's lowering to PTX and ptxas run on the CPU (no launch)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -260,13 +260,42 @@ def _compile_for_sm90(m, n, k, config, rowwise, has_bias):
     aligned = ("w_ptr", "w_scale_ptr", "partial_ptr", "count_ptr", "N", "K")
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     src = ASTSource(
-        D.decode_linear_kernel,
+        kernel or D.decode_linear_kernel,
         signature,
         {(names.index(name),): v for name, v in constexprs.items()},
         attrs,
     )
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+@pytest.mark.slow
+@needs_triton
+def test_kernel_source_inductor_rebuilds_compiles(tmp_path):
+    """Under torch.compile the decode op's kernel is launched by Inductor, which rebuilds
+    its source from the JIT functions and constants the kernel's globals name; what that
+    source leaves out fails only on a GPU, in Inductor's compile worker (a helper called
+    through a module alias once did). Here the rebuilt source, behind only the imports
+    Triton itself needs, compiles for sm_90."""
+    import importlib.util
+
+    from torch._inductor.codegen.wrapper import (
+        user_defined_triton_kernel_transitive_closure_source_code as rebuilt_source,
+    )
+
+    from lowp_torch import _triton_decode as D
+
+    path = tmp_path / "rebuilt_decode.py"
+    header = "import triton\nimport triton.language as tl\n\n@triton.jit\n"
+    path.write_text(header + rebuilt_source(D.decode_linear_kernel))
+    spec = importlib.util.spec_from_file_location("rebuilt_decode", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for m in (1, 16):
+        config = D.default_config(m, 4096, 4096, 4 * 132)
+        kernel = module.decode_linear_kernel
+        compiled = _compile_for_sm90(m, 4096, 4096, config, m == 1, m > 1, kernel=kernel)
+        assert "cvt.rn.f16x2.e4m3x2" in compiled.asm["ptx"]
 
 
 @pytest.mark.slow
