@@ -15,7 +15,10 @@ linear layer's and the ratios say what quantizing the linears buys.
                variants: bf16, `lowp_torch.quantize_(model, preset)` with every default,
                torchao's `Float8DynamicActivationFloat8WeightConfig` (PerTensor, PerRow).
 
-Each variant runs eager and `torch.compile`d; every variant of one T is timed interleaved in
+Each variant runs eager and `torch.compile`d, and on request (mode "cudagraphs") compiled
+with `mode="reduce-overhead"`, which replays the step as a CUDA graph: decode, where the
+launches of a step cost more host time than its kernels take on the device, runs so in
+serving engines. Every variant of one T is timed interleaved in
 one process (`_timing.time_interleaved`); a variant's first call (compilation, for a
 compiled one) is timed apart as `first_call_s`. bench/run.py runs these as its "model_train" and "model_infer" sections; the
 summary's ratios are over the faster bf16 of the row.
@@ -46,7 +49,8 @@ TRAIN_TOKENS = (2048, 4096, 8192, 16384)
 INFER_TOKENS = (1, 16, 128, 1024, 8192)
 TRAIN_RECIPES = ("float8_tensorwise", "float8_rowwise")
 INFER_PRESETS = ("float8_tensorwise", "float8_rowwise")
-MODES = ("eager", "compiled")
+MODES = ("eager", "compiled")  # and "cudagraphs", asked for by name
+_COMPILE_OPTIONS = {"compiled": {}, "cudagraphs": {"mode": "reduce-overhead"}}
 
 
 class AttentionProjections(nn.Module):
@@ -167,8 +171,8 @@ def measure(
     def build(label):
         variant, mode = label
         model = build_model(variant, s, device)
-        if mode == "compiled":
-            model = torch.compile(model, backend=backend, dynamic=False)
+        if mode != "eager":
+            model = torch.compile(model, backend=backend, dynamic=False, **_COMPILE_OPTIONS[mode])
         call = _train_call(model, x, dy) if task == "train" else _infer_call(model, x)
         start = time.perf_counter()
         call()  # a failure to build or compile belongs to this variant

@@ -720,7 +720,11 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--small", action="store_true", help="tiny shapes: a CPU smoke run")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--recipes", default=",".join(lowp.Recipe.names()), help="comma list")
-    parser.add_argument("--modes", default=None, help="linear and block: eager,compiled")
+    parser.add_argument(
+        "--modes",
+        default=None,
+        help="linear, block and the model sections: eager,compiled; the torch model sections also cudagraphs (compiled with mode=reduce-overhead)",
+    )
     parser.add_argument("--sweep-modes", default="eager", help="sweep: eager,compiled")
     parser.add_argument("--gemm-modes", default="eager", help="gemm: eager,compiled")
     parser.add_argument(
