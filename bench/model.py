@@ -155,15 +155,21 @@ def measure(
     modes=MODES,
     backend: str = "inductor",
     on_error=None,
+    only: tuple = (),
 ) -> list[dict]:
     """One row per (variant, mode) of `task` ("train" or "infer") at `tokens` tokens, all
     timed interleaved. on_error(label, exception) takes a variant that fails to build or
-    run; the others are still timed."""
+    run; the others are still timed. only: these variants alone (default: every one)."""
     gen = torch.Generator(device="cpu").manual_seed(1)
     batch = 2 if task == "train" and tokens % 2 == 0 else 1
     x = torch.randn(batch, tokens // batch, s.dim, generator=gen).to(device, torch.bfloat16)
     dy = torch.randn(x.shape, generator=gen).to(device, torch.bfloat16)
     variants = train_variants(device) if task == "train" else infer_variants(device)
+    if only:
+        unknown = sorted(set(only) - set(variants))
+        if unknown:
+            raise ValueError(f"no {task} variant {unknown} here; there are {variants}")
+        variants = [v for v in variants if v in only]
     build_model = _train_variant if task == "train" else _infer_variant
 
     first_call_s = {}

@@ -412,6 +412,7 @@ def _model_rows(ctx: Context, sec: _record.Section, task: str, tokens: tuple) ->
                     modes,
                     ctx.backend,
                     failed,
+                    ctx.modes("variants"),
                 )
             finally:
                 linear_step.release(ctx.device)
@@ -734,6 +735,11 @@ def parse(argv=None) -> argparse.Namespace:
         "--compile-backend",
         default=None,
         help="torch.compile backend (inductor; --small: aot_eager)",
+    )
+    parser.add_argument(
+        "--variants",
+        default="",
+        help="the torch model sections: these variants only (comma list, e.g. bf16,lowp_float8_rowwise)",
     )
     parser.add_argument(
         "--tokens", default="", help="model sections: these token counts (comma list)"
