@@ -764,6 +764,13 @@ def parse(argv=None) -> argparse.Namespace:
     unknown = set(args.sections.split(",")) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    modes = set(args.modes.split(","))
+    others = set(args.sections.split(",")) & {"linear", "block", "moe"}
+    if "cudagraphs" in modes and (others or args.compile_backend != "inductor"):
+        parser.error(
+            "--modes cudagraphs is a mode of the torch model sections, compiled by Inductor; "
+            f"got it with sections {sorted(others)} and --compile-backend {args.compile_backend}"
+        )
     return args
 
 

@@ -86,15 +86,21 @@ def build(sections: dict) -> dict:
 
 def _model_speedups(rows) -> dict:
     """{framework: {T: {variant: {mode: ratio}}}}: the faster bf16 of each framework and T
-    (eager or compiled) over the variant's time (bench/model.py's and jax_model.py's rows)."""
+    (eager or compiled) over the variant's time (bench/model.py's and jax_model.py's rows);
+    a "cudagraphs" row over bf16's cudagraphs row, which the others are not compared with."""
     out: dict = {}
     for framework, tokens in sorted({(r["framework"], r["T"]) for r in rows}):
         at = [r for r in rows if (r["framework"], r["T"]) == (framework, tokens) and r["ms"]]
-        bf16 = min((r["ms"] for r in at if r["variant"] == "bf16"), default=None)
+        bf16 = {}
         for r in at:
-            if bf16 is not None and r["variant"] != "bf16":
+            if r["variant"] == "bf16":
+                graphs = r["mode"] == "cudagraphs"
+                bf16[graphs] = min(bf16.get(graphs, r["ms"]), r["ms"])
+        for r in at:
+            base = bf16.get(r["mode"] == "cudagraphs")
+            if base is not None and r["variant"] != "bf16":
                 entry = out.setdefault(framework, {}).setdefault(str(tokens), {})
-                entry.setdefault(r["variant"], {})[r["mode"]] = _ratio(bf16, r["ms"])
+                entry.setdefault(r["variant"], {})[r["mode"]] = _ratio(base, r["ms"])
     return out
 
 

@@ -269,6 +269,22 @@ def _compile_for_sm90(m, n, k, config, rowwise, has_bias, kernel=None):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+@needs_triton
+def test_kernel_source_inductor_rebuilds_defines_every_helper():
+    """The fast tier's half of the test below, without compiling: Inductor's rebuilt
+    source of the decode kernel defines each JIT function the kernel calls."""
+    from torch._inductor.codegen.wrapper import (
+        user_defined_triton_kernel_transitive_closure_source_code as rebuilt_source,
+    )
+
+    from lowp_torch import _triton_decode as D
+
+    source = rebuilt_source(D.decode_linear_kernel)
+    for helper in ("_load", "_abs_bits", "_float_scale", "_encode", "_values", "_epilogue"):
+        assert f"def {helper}(" in source, helper
+    assert "_tk." not in source
+
+
 @pytest.mark.slow
 @needs_triton
 def test_kernel_source_inductor_rebuilds_compiles(tmp_path):
