@@ -109,17 +109,18 @@ def pytest_ignore_collect(collection_path: pathlib.Path, config):
 @pytest.fixture
 def scaled_small_shape_costs(monkeypatch):
     """The small-shape policy (`lowp._small_shapes`) with its costs scaled down so that
-    CPU-sized calls fall on both sides: an fp8 call costs 1 ms of host time and nothing
-    else, a high-precision one 6*M*K*N flops at 3.648e-4 TFLOP/s, so fp8 pays (under
-    MARGIN) from M*K*N = 2**16 on (a 64 -> 32 layer from 32 tokens); with at most 64
-    tokens a call, only a layer of K*N >= 2**10 may pay."""
+    CPU-sized calls fall on both sides. A high-precision call costs 6*M*K*N flops at
+    3.648e-4 TFLOP/s; an fp8 call's casts 1.5e-4 ms an element of x, w and y (its GEMMs
+    nothing), and an eager fp8 call at least 1 ms of host time. So a 64 -> 32 layer pays
+    from 32 tokens on in eager calls (M*K*N = 2**16) and from 18 in traced ones; with at
+    most 64 tokens a call, a 16 -> 32 layer never pays."""
     from lowp import _small_shapes
 
     scaled = _small_shapes.Costs(
         fp8_tflops=1e12,
         bf16_tflops=3.648e-4,
-        cast_bytes=0,
-        bandwidth_tb_s=1,
+        cast_bytes=1.5,
+        bandwidth_tb_s=1e-5,
         fp8_host_ms=1,
         bf16_host_ms=0,
         overlap=0,

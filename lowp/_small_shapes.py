@@ -13,7 +13,14 @@ precision where fp8 would be the slower:
 host is a call's host time (the fastest call of a shape sweep, where the device's work
 is shorter than its launches); `overlap` says how much of the shorter of host and device
 time still shows in a step, since the two overlap only in part. fp8 runs where its
-predicted time is under `MARGIN` times high precision's. The constants per recipe
+predicted time is under `MARGIN` times high precision's.
+
+A traced call — one that becomes part of a compiled graph (`torch.compile`, `jax.jit`) —
+has no host time of its own: the graph's code replaces the call's Python, and what is
+left of it (its kernels' launches) runs ahead of the device's queue. Its prediction is
+the device time alone: call_ms = device_ms. (The host times above are those of eager
+calls; applied to a compiled step they kept Llama-3-8B's attention projections at 8192
+tokens in bf16, where their device times say fp8 is 1.1-1.5x faster.) The constants per recipe
 (`COSTS`) were measured on one H200 by `bench/small_shape_costs.py` (the run and its
 fit: docs/performance.md, "Small shapes"); other GPUs with fp8 GEMMs use them too, and
 so do the recipes not measured there (float8_blockwise, and the MX and NVFP4 recipes
@@ -23,8 +30,9 @@ rather than hides.
 The frontends' training layers ("auto", their default) consult it where the fp8 GEMM
 kernels would run a call; on a device without them (CPU; MX and NVFP4 before sm_100)
 nothing changes: the layer is there for its numerics, not its speed. When a layer is
-built, `layer_may_pay` tells whether a call of `MAX_TOKENS` tokens would pay; a layer
-that would not says so, and all its calls run in high precision. The high-precision call computes what the layer's float model
+built, `layer_may_pay` tells whether a call of `MAX_TOKENS` tokens would pay, traced
+(the case most in fp8's favour: a layer does not know whether it will be compiled); a
+layer that would not says so, and all its calls run in high precision. The high-precision call computes what the layer's float model
 computes; the recipe's numerics apply to the calls that quantize.
 """
 
@@ -59,12 +67,14 @@ class Costs:
     bf16_host_ms: float
     overlap: float
 
-    def fp8_ms(self, m: int, k: int, n: int) -> float:
+    def fp8_ms(self, m: int, k: int, n: int, traced: bool = False) -> float:
         casts = (m * k + k * n + m * n) * self.cast_bytes / (self.bandwidth_tb_s * 1e9)
-        return _call_ms(self.fp8_host_ms, casts + _gemm_ms(m, k, n, self.fp8_tflops), self)
+        device = casts + _gemm_ms(m, k, n, self.fp8_tflops)
+        return device if traced else _call_ms(self.fp8_host_ms, device, self)
 
-    def bf16_ms(self, m: int, k: int, n: int) -> float:
-        return _call_ms(self.bf16_host_ms, _gemm_ms(m, k, n, self.bf16_tflops), self)
+    def bf16_ms(self, m: int, k: int, n: int, traced: bool = False) -> float:
+        device = _gemm_ms(m, k, n, self.bf16_tflops)
+        return device if traced else _call_ms(self.bf16_host_ms, device, self)
 
 
 def _gemm_ms(m: int, k: int, n: int, tflops: float) -> float:
@@ -98,33 +108,48 @@ def costs(recipe: str | None) -> Costs:
     return COSTS.get(recipe or DEFAULT_RECIPE, COSTS[DEFAULT_RECIPE])
 
 
-def call_pays(tokens: int, in_features: int, out_features: int, recipe: str | None = None) -> bool:
+def call_pays(
+    tokens: int,
+    in_features: int,
+    out_features: int,
+    recipe: str | None = None,
+    traced: bool = False,
+) -> bool:
     """Whether a call of `tokens` tokens through a K -> N layer is predicted faster in fp8
-    (and the layer is not one that said, when built, that it trains in high precision)."""
+    (and the layer is not one that said, when built, that it trains in high precision).
+    traced: the call is part of a compiled graph (the module docstring)."""
     return layer_may_pay(in_features, out_features, recipe) and _faster_in_fp8(
-        tokens, in_features, out_features, recipe
+        tokens, in_features, out_features, recipe, traced
     )
 
 
 def layer_may_pay(in_features: int, out_features: int, recipe: str | None = None) -> bool:
-    """Whether a call of `MAX_TOKENS` tokens through this layer would pay."""
-    return _faster_in_fp8(MAX_TOKENS, in_features, out_features, recipe)
+    """Whether a traced call of `MAX_TOKENS` tokens through this layer would pay."""
+    return _faster_in_fp8(MAX_TOKENS, in_features, out_features, recipe, traced=True)
 
 
-def _faster_in_fp8(m: int, k: int, n: int, recipe: str | None) -> bool:
+def _faster_in_fp8(m: int, k: int, n: int, recipe: str | None, traced: bool) -> bool:
     c = costs(recipe)
-    return c.fp8_ms(m, k, n) < MARGIN * c.bf16_ms(m, k, n)
+    return c.fp8_ms(m, k, n, traced) < MARGIN * c.bf16_ms(m, k, n, traced)
 
 
 def describe(
-    tokens: int | None, in_features: int, out_features: int, recipe: str | None = None
+    tokens: int | None,
+    in_features: int,
+    out_features: int,
+    recipe: str | None = None,
+    traced: bool = False,
 ) -> str:
-    """Why a layer or call runs in high precision, for logs: the two predicted times."""
+    """Why a layer or call runs in high precision, for logs: the two predicted times (of
+    a traced call, device time alone, where `tokens` is None: `layer_may_pay`'s case)."""
     c = costs(recipe)
     m = MAX_TOKENS if tokens is None else tokens
+    traced = traced or tokens is None
     k, n = in_features, out_features
     at = f"M*K*N = {m}*{k}*{n}" + (" (the most tokens expected)" if tokens is None else "")
+    at += ", traced" if traced else ""
+    fp8, high = c.fp8_ms(m, k, n, traced), c.bf16_ms(m, k, n, traced)
     return (
-        f"{at}: predicted {c.fp8_ms(m, k, n):.3f} ms in fp8 against {c.bf16_ms(m, k, n):.3f} ms "
-        "in high precision, the fp8 casts costing more than its GEMMs save"
+        f"{at}: predicted {fp8:.3f} ms in fp8 against {high:.3f} ms in high precision; "
+        f"fp8 runs where predicted at least {1 - MARGIN:.0%} faster"
     )

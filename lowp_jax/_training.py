@@ -167,11 +167,13 @@ def in_high_precision(recipe, impl: str, x, w) -> bool:
     if not fp8_kernels_run(recipe, impl, _dot._device(x, w)):
         return False
     (m, k), n = x.shape, w.shape[0]
-    if extend.call_pays(m, k, n, recipe.name):
+    traced = isinstance(x, jax.core.Tracer)  # under jit the call has no host time of its own
+    if extend.call_pays(m, k, n, recipe.name, traced):
         return False
     logger.info(
         f"training_dot_general: {recipe.name} runs in high precision "
-        f"({extend.describe_small_shape(m, k, n, recipe.name)}); small_shapes='quantize' forces fp8"
+        f"({extend.describe_small_shape(m, k, n, recipe.name, traced)}); "
+        "small_shapes='quantize' forces fp8"
     )
     return True
 

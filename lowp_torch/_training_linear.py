@@ -50,8 +50,9 @@ class Linear(nn.Linear):
       small_shapes: "auto" (the default) runs a call in high precision, as the float
         layer would, where the fp8 GEMM kernels would run it but it is too small for
         them to pay for the casts (`lowp._small_shapes`: the predicted times of both,
-        decided per call from the tokens M; a layer too small to pay at any expected
-        token count says so when built). Only where fp8 kernels run (float8 on CUDA sm_89+): emulated
+        decided per call from the tokens M, under torch.compile from device time
+        alone; a layer too small to pay at any expected token count says so when
+        built). Only where fp8 kernels run (float8 on CUDA sm_89+): emulated
         GEMMs always run the recipe. "quantize" always runs the recipe.
 
     >>> import torch, lowp_torch

@@ -828,7 +828,8 @@ if __name__ == "__main__":
 def fp8_kernels_here(monkeypatch, scaled_small_shape_costs):
     """Make this CPU look like a GPU with fp8 kernels to the policy, with its costs
     scaled down so that CPU-sized calls fall on both sides: a 64 x 32 layer pays from 32
-    tokens on, a layer of K*N < 2**10 never (the root conftest's fixture)."""
+    tokens on (traced under torch.compile: from 18), a 16 -> 32 layer never (the root
+    conftest's fixture)."""
     monkeypatch.setattr(_training, "fp8_kernels_run", lambda recipe, device, lowering: True)
     monkeypatch.setattr(_log, "_said", set())  # each test sees its own "once" messages
 
@@ -871,6 +872,25 @@ def test_small_calls_run_the_float_layer_and_large_ones_the_recipe(
     # Once per layer and reason, whatever M: the first small call's numbers.
     assert len(said) == 1 and said[0].startswith(f"fc: {recipe} "), said
     assert "M*K*N = 8*64*32: predicted 1.000 ms in fp8 against 0.269 ms" in said[0]
+
+
+@pytest.mark.slow
+def test_a_compiled_call_is_decided_without_eager_host_time(fp8_kernels_here):
+    """Under torch.compile a call has no host time of its own: the policy predicts its
+    device time alone, so 24 tokens through a 64 -> 32 layer run the recipe compiled
+    (fp8 pays from 18 tokens traced) and the float layer eager (from 32); 8 tokens run
+    the float layer both ways."""
+    torch.manual_seed(0)
+    layer = lowp_torch.Linear(64, 32, recipe="float8_rowwise", name="fc")
+    twin = _float_twin(layer)
+    forced = lowp_torch.Linear.from_float(twin, "float8_rowwise", small_shapes="quantize")
+    x, small = torch.randn(24, 64), torch.randn(8, 64)
+    assert torch.equal(layer(x), twin(x))  # eager: the float layer's call
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="eager", fullgraph=True, dynamic=False)
+    y = compiled(x)
+    assert not torch.equal(y, twin(x)) and torch.equal(y, forced(x))  # the recipe's
+    assert torch.equal(compiled(small), twin(small))
 
 
 def test_a_layer_remembers_its_small_shape_decision_per_shape_and_device(
@@ -960,7 +980,9 @@ def test_a_layer_too_small_to_pay_says_so_when_built_and_never_quantizes(fp8_ker
         model = lowp_torch.convert_to_training(nn.Sequential(nn.Linear(16, 32)), "float8_rowwise")
     assert any(
         "0: where fp8 GEMM kernels run, it trains in high precision "
-        "(M*K*N = 64*16*32 (the most tokens expected): predicted 1.000 ms in fp8" in r.getMessage()
+        "(M*K*N = 64*16*32 (the most tokens expected), traced: predicted 0.538 ms in fp8 "
+        "against 0.539 ms in high precision; fp8 runs where predicted at least 5% faster)"
+        in r.getMessage()
         for r in caplog.records
     )
     with unittest.mock.patch.object(_training._LinearFunction, "apply", side_effect=AssertionError):
