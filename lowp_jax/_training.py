@@ -99,8 +99,9 @@ def training_dot_general(
       small_shapes: "auto" runs a call in high precision (lhs's dtype, float32
         accumulation, each GEMM rounded once; dw in the kernel's dtype) where the device
         has fp8 (MX: block-scaled) GEMM kernels but the call is too small for them to pay
-        for the casts (`lowp._small_shapes`: the predicted times of both), and says so
-        at INFO while tracing. Off such devices (CPU; MX before compute capability 10.0)
+        for the casts (`lowp._small_shapes`: the predicted times of both; of the device
+        alone under jit, where a call has no host time of its own), and says so at INFO
+        while tracing. Off such devices (CPU; MX before compute capability 10.0)
         the recipe always runs. "quantize" always runs the recipe.
 
     Returns:
@@ -167,7 +168,7 @@ def in_high_precision(recipe, impl: str, x, w) -> bool:
     if not fp8_kernels_run(recipe, impl, _dot._device(x, w)):
         return False
     (m, k), n = x.shape, w.shape[0]
-    traced = isinstance(x, jax.core.Tracer)  # under jit the call has no host time of its own
+    traced = _traced(x)
     if extend.call_pays(m, k, n, recipe.name, traced):
         return False
     logger.info(
@@ -176,6 +177,13 @@ def in_high_precision(recipe, impl: str, x, w) -> bool:
         "small_shapes='quantize' forces fp8"
     )
     return True
+
+
+def _traced(x) -> bool:
+    """Whether x is traced into a compiled program (under jit, a call has no host time of
+    its own): a tracer with no concrete value. Under grad alone the call still runs op by
+    op, with concrete values; under vmap alone it counts as traced."""
+    return isinstance(x, jax.core.Tracer) and x.to_concrete_value() is None
 
 
 def fp8_kernels_run(recipe, impl: str, device) -> bool:

@@ -1,9 +1,11 @@
 """The `lowp_torch` logger, and messages given once per distinct cause.
 
-Nothing is logged while torch.compile traces (`torch.compiler.is_compiling()`): the
-decisions logged here are made from static shapes, dtypes and devices, so one eager
-call shows what a compiled model does, and a log call inside a traced region would
-cost a graph break.
+Nothing is logged while torch.compile traces (`torch.compiler.is_compiling()`): a log
+call inside a traced region would cost a graph break. The decisions logged here are
+made from static shapes, dtypes and devices, so one eager call shows what a compiled
+model does, with one exception: the small-shape policy judges a traced call by its
+device time alone (`lowp._small_shapes`), so a compiled step may quantize a call whose
+eager twin logged that it runs in high precision.
 """
 
 import logging

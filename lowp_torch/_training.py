@@ -330,12 +330,12 @@ def in_high_precision(x, weight, recipe, lowering: Lowering) -> bool:
         return False
     n, k = weight.shape
     tokens = x.numel() // k
-    traced = torch.compiler.is_compiling()  # the call has no host time of its own
+    traced = torch.compiler.is_compiling()  # the call has no host time of its own (not logged)
     if extend.call_pays(tokens, k, n, recipe.name, traced):
         return False
     small_layer = not extend.layer_may_pay(k, n, recipe.name)
     _log.info_once(  # once per layer and reason, whatever M (sequence lengths vary)
-        (lowering.name, "small shapes", small_layer, traced),
+        (lowering.name, "small shapes", small_layer),
         lambda: (
             f"{lowering.name}: {recipe.name} runs in high precision "
             f"({extend.describe_small_shape(tokens, k, n, recipe.name, traced)}); "

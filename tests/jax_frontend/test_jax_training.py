@@ -724,6 +724,23 @@ def test_small_calls_run_the_float_dot_and_large_ones_the_recipe(recipe, fp8_ker
         assert same != expect_quantized, tokens
     said = [r.getMessage() for r in caplog.records if "runs in high precision" in r.getMessage()]
     assert len(said) == 2 and "M*K*N = 8*64*32, traced: predicted 0.422 ms" in said[0], said
+    if recipe == "mxfp8":
+        return  # its wgrad takes tokens in blocks of 32: no call between the thresholds
+    # Under grad alone (no jit) the call runs op by op and pays its host time: 24 tokens
+    # run the float dot there (fp8 pays from 32) and the recipe jitted (from 18).
+    x = jnp.asarray(rng.standard_normal((24, 64)), jnp.float32)
+    float_step = jax.value_and_grad(float_loss, argnums=(0, 1))
+    caplog.clear()
+    with caplog.at_level("INFO", logger="lowp_jax"):
+        eager = jax.value_and_grad(loss, argnums=(0, 1))(x, kernel)
+        said = [r.getMessage() for r in caplog.records]
+        assert any("M*K*N = 24*64*32: predicted 1.000 ms in fp8" in m for m in said), said
+        caplog.clear()
+        jitted = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, kernel)
+        assert not any("runs in high precision" in r.getMessage() for r in caplog.records)
+    # op by op, the float dot's value to float32 rounding; jitted, the recipe's (e4m3: 2**-4)
+    np.testing.assert_allclose(eager[0], float_step(x, kernel)[0], rtol=1e-6)
+    assert abs(jitted[0] / jax.jit(float_step)(x, kernel)[0] - 1) > 1e-4
 
 
 def test_small_shapes_quantize_always_runs_the_recipe(fp8_kernels_here):

@@ -986,7 +986,7 @@ def test_a_layer_too_small_to_pay_says_so_when_built_and_never_quantizes(fp8_ker
         for r in caplog.records
     )
     with unittest.mock.patch.object(_training._LinearFunction, "apply", side_effect=AssertionError):
-        model(torch.randn(4096, 16)).sum().backward()  # 2**21 MACs, but K*N is below 2**10
+        model(torch.randn(4096, 16)).sum().backward()  # 2**21 MACs, but the layer never pays
 
 
 def test_the_high_precision_call_accumulates_main_grad_in_float32(fp8_kernels_here):
