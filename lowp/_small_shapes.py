@@ -133,6 +133,42 @@ def _faster_in_fp8(m: int, k: int, n: int, recipe: str | None, traced: bool) -> 
     return c.fp8_ms(m, k, n, traced) < MARGIN * c.bf16_ms(m, k, n, traced)
 
 
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What the policy decides for one call through a K -> N layer: the predicted times
+    of both (device time alone where traced) and whether fp8 runs."""
+
+    tokens: int
+    in_features: int
+    out_features: int
+    recipe: str
+    traced: bool
+    fp8_ms: float
+    high_precision_ms: float
+    fp8: bool
+
+
+def decide(
+    tokens: int,
+    in_features: int,
+    out_features: int,
+    recipe: str | None = None,
+    traced: bool = False,
+) -> Decision:
+    """`call_pays` with the predictions behind it (`lowp_torch.small_shapes_report`)."""
+    c, k, n = costs(recipe), in_features, out_features
+    return Decision(
+        tokens=tokens,
+        in_features=k,
+        out_features=n,
+        recipe=recipe or DEFAULT_RECIPE,
+        traced=traced,
+        fp8_ms=c.fp8_ms(tokens, k, n, traced),
+        high_precision_ms=c.bf16_ms(tokens, k, n, traced),
+        fp8=call_pays(tokens, k, n, recipe, traced),
+    )
+
+
 def describe(
     tokens: int | None,
     in_features: int,

@@ -106,6 +106,8 @@ How a recipe runs the grouped GEMMs of a mixture of experts (spec §10)
 
 The small-shape policy of the training layers (spec §8)
   call_pays, layer_may_pay, describe_small_shape
+  decide_small_shape(tokens, k, n, recipe, traced) -> SmallShapeDecision
+                                 the predicted times behind call_pays, for reports.
 """
 
 from lowp._formats import FLOAT4_E2M1FN, FLOAT8_E4M3FN, element_format
@@ -149,7 +151,9 @@ from lowp._schemes import (
     scale_format,
 )
 from lowp._shards import shard_groups
+from lowp._small_shapes import Decision as SmallShapeDecision
 from lowp._small_shapes import call_pays, layer_may_pay
+from lowp._small_shapes import decide as decide_small_shape
 from lowp._small_shapes import describe as describe_small_shape
 from lowp.checkpoints._dequantize import ProducerPlan, producer_plan, refuse_origin
 
@@ -170,6 +174,7 @@ __all__ = [
     "OperandPlan",
     "ProducerPlan",
     "SlabPlan",
+    "SmallShapeDecision",
     "StoredLayout",
     "blocked_matrix_shape",
     "call_pays",
@@ -181,6 +186,7 @@ __all__ = [
     "codes_shape",
     "cublas_blocked_shape",
     "data_offset",
+    "decide_small_shape",
     "describe_small_shape",
     "element_format",
     "empty_span_problem",

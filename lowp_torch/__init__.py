@@ -53,7 +53,7 @@ from lowp_torch._quantize import dequantize, quantize
 from lowp_torch._rounding import random_bits
 from lowp_torch._tensor_parallel import parallelize_quantized
 from lowp_torch._training import training_operands
-from lowp_torch._training_linear import Linear, convert_to_training
+from lowp_torch._training_linear import Linear, convert_to_training, small_shapes_report
 from lowp_torch._weight_cache import weight_cache
 
 # torch.load(weights_only=True), the default since torch 2.6, unpickles only allowlisted
@@ -88,6 +88,7 @@ __all__ = [
     "save_pretrained",
     "save_quantized",
     "scaled_matmul",
+    "small_shapes_report",
     "to_inference",
     "to_lowp",
     "training_operands",

@@ -224,6 +224,57 @@ class Linear(nn.Linear):
         return self
 
 
+def small_shapes_report(model: nn.Module, tokens: int, *, compiled: bool = False) -> str:
+    """A table of what each training `Linear` of `model` runs at `tokens` tokens a call
+    (x's leading dims flattened), in eager calls or under torch.compile (`compiled`):
+    fp8 or high precision, and the small-shape policy's predicted times of both
+    (`lowp._small_shapes`; a compiled call by its device time alone). It is what a
+    device with the recipe's fp8 GEMM kernels does (float8 on CUDA sm_89+, MX and NVFP4
+    on sm_100+); elsewhere the recipe always runs. Eager calls log the same decisions
+    once per layer; compiled ones log nothing, so this is where to see them.
+
+    Raises:
+      ValueError: tokens is not a positive int, or `model` has no `lowp_torch.Linear`
+        (`convert_to_training` makes them).
+
+    >>> import torch, lowp_torch
+    >>> model = lowp_torch.convert_to_training(torch.nn.Linear(4096, 4096), "float8_rowwise")
+    >>> print(lowp_torch.small_shapes_report(model, 8192, compiled=True))
+    small_shapes at 8192 tokens a call, compiled (device time), where fp8 GEMM kernels run:
+    layer        K -> N        recipe          fp8 ms  high-precision ms  runs
+    (the model)  4096 -> 4096  float8_rowwise   0.787              1.178  fp8
+    """
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"tokens must be a positive int, got {tokens!r}")
+    layers = [
+        (name or "(the model)", m) for name, m in model.named_modules() if isinstance(m, Linear)
+    ]
+    if not layers:
+        raise ValueError(
+            f"{type(model).__name__} has no lowp_torch.Linear: convert_to_training makes them"
+        )
+    rows = [("layer", "K -> N", "recipe", "fp8 ms", "high-precision ms", "runs")]
+    for name, layer in layers:
+        k, n, recipe = layer.in_features, layer.out_features, layer.recipe.name
+        d = extend.decide_small_shape(tokens, k, n, recipe, traced=compiled)
+        runs = "fp8" if d.fp8 else "high precision"
+        if layer.lowering.small_shapes == "quantize":
+            runs = "fp8 (small_shapes='quantize')"
+        rows.append(
+            (name, f"{k} -> {n}", recipe, f"{d.fp8_ms:.3f}", f"{d.high_precision_ms:.3f}", runs)
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    kind = "compiled (device time)" if compiled else "eager (with host time)"
+    lines = [f"small_shapes at {tokens} tokens a call, {kind}, where fp8 GEMM kernels run:"]
+    for row in rows:
+        cells = [
+            c.ljust(w) if i in (0, 1, 2, 5) else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
 def convert_to_training(
     model: nn.Module,
     recipe: "lowp.Recipe | str",

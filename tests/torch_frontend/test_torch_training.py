@@ -893,6 +893,37 @@ def test_a_compiled_call_is_decided_without_eager_host_time(fp8_kernels_here):
     assert torch.equal(compiled(small), twin(small))
 
 
+def test_small_shapes_report_says_what_each_layer_runs_eager_and_compiled(fp8_kernels_here):
+    """At 24 tokens the 64 -> 32 layer runs high precision eager (fp8 pays from 32) and
+    fp8 compiled (from 18), with the predicted times of each; the 32 -> 16 layer never
+    pays; a layer forced to quantize says so."""
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16), nn.Linear(16, 8))
+    lowp_torch.convert_to_training(model, "float8_rowwise", lambda m, name: name != "3")
+    model[3] = lowp_torch.Linear.from_float(model[3], "float8_rowwise", small_shapes="quantize")
+    eager = lowp_torch.small_shapes_report(model, 24).splitlines()
+    compiled = lowp_torch.small_shapes_report(model, 24, compiled=True).splitlines()
+    assert eager[0].startswith("small_shapes at 24 tokens a call, eager (with host time)")
+    assert compiled[0].startswith("small_shapes at 24 tokens a call, compiled (device time)")
+    assert eager[1].split() == ["layer", "K", "->", "N", "recipe", "fp8", "ms"] + [
+        "high-precision",
+        "ms",
+        "runs",
+    ]
+    row = "0  64 -> 32  float8_rowwise  {}  0.808  {}"
+    assert " ".join(eager[2].split()) == " ".join(row.format("1.000", "high precision").split())
+    assert " ".join(compiled[2].split()) == " ".join(row.format("0.653", "fp8").split())
+    for report in (eager, compiled):
+        assert report[3].split()[:4] == ["2", "32", "->", "16"]
+        assert report[3].endswith("high precision")
+        assert report[4].endswith("fp8 (small_shapes='quantize')")
+    assert len(eager) == len(compiled) == 5
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match=f"tokens must be a positive int, got {bad!r}"):
+            lowp_torch.small_shapes_report(model, bad)
+    with pytest.raises(ValueError, match="Sequential has no lowp_torch.Linear"):
+        lowp_torch.small_shapes_report(nn.Sequential(nn.Linear(4, 4)), 8)
+
+
 def test_a_layer_remembers_its_small_shape_decision_per_shape_and_device(
     fp8_kernels_here, monkeypatch
 ):
