@@ -178,14 +178,12 @@ def describe(
 ) -> str:
     """Why a layer or call runs in high precision, for logs: the two predicted times (of
     a traced call, device time alone, where `tokens` is None: `layer_may_pay`'s case)."""
-    c = costs(recipe)
     m = MAX_TOKENS if tokens is None else tokens
-    traced = traced or tokens is None
-    k, n = in_features, out_features
-    at = f"M*K*N = {m}*{k}*{n}" + (" (the most tokens expected)" if tokens is None else "")
-    at += ", traced" if traced else ""
-    fp8, high = c.fp8_ms(m, k, n, traced), c.bf16_ms(m, k, n, traced)
+    d = decide(m, in_features, out_features, recipe, traced or tokens is None)
+    at = f"M*K*N = {m}*{in_features}*{out_features}"
+    at += " (the most tokens expected)" if tokens is None else ""
+    at += ", traced" if d.traced else ""
     return (
-        f"{at}: predicted {fp8:.3f} ms in fp8 against {high:.3f} ms in high precision; "
-        f"fp8 runs where predicted at least {1 - MARGIN:.0%} faster"
+        f"{at}: predicted {d.fp8_ms:.3f} ms in fp8 against {d.high_precision_ms:.3f} ms in "
+        f"high precision; fp8 runs where predicted at least {1 - MARGIN:.0%} faster"
     )

@@ -687,8 +687,8 @@ def test_mixed_precision_layers_quantize_the_float32_master_weight(layer_kind):
 @pytest.fixture
 def fp8_kernels_here(monkeypatch, scaled_small_shape_costs):
     """Make this CPU look like a GPU with fp8 kernels to the policy, with its costs
-    scaled down: a 64 -> 32 layer pays from 18 tokens on in a traced call (jit, grad),
-    from 32 in an eager one (the root conftest's fixture)."""
+    scaled down: a 64 -> 32 layer pays from 18 tokens on in a traced call (jit),
+    from 32 in an eager one (grad alone included) (the root conftest's fixture)."""
     monkeypatch.setattr(lowp_jax._training, "fp8_kernels_run", lambda recipe, impl, device: True)
 
 
