@@ -8,16 +8,29 @@ modules (and the `__init__.py` of every package above it), and a module that rea
 absent top-level package is left out of collection. Nothing is listed by hand: a new
 module that imports triton at the top is left out where triton is absent, by the same
 rule. The test folders skip themselves (`pytest.importorskip` in their conftests).
+
+It also caps `pytest -n auto` (the README's test command; pytest-xdist) at
+`MAX_WORKERS` workers: each imports torch and JAX, about 1 GB, so a worker a core of a
+large machine would exhaust its memory for little gain.
 """
 
 import ast
 import functools
 import importlib.util
+import os
 import pathlib
 
 import pytest
 
 _ROOT = pathlib.Path(__file__).parent
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """Workers for `-n auto`: one a core this process may run on, at most MAX_WORKERS."""
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core
+    cores = len(affinity(0)) if affinity else os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, cores))
 
 
 @functools.cache
