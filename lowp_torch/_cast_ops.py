@@ -5,16 +5,21 @@ A traced tensor cannot launch a kernel, and a plain call would break the graph: 
 compiled graph calls these ops instead, which launch `_triton_casts`' kernels (the same
 bytes; `_cast_kernels` decides when). `traced_op` picks the form:
 
-- `lowp::<name>_inline`, a `torch.library.triton_op`, where Triton runs on a GPU and
-  the input's shape is concrete: under torch.compile it decomposes into the kernel
-  launches themselves (`wrap_triton`), which Inductor makes from its own code, so a
-  compiled cast costs no Python op dispatch and no Python of `_triton_casts` at run time
-  (an opaque op's costs more host time than its kernels take at a few thousand tokens:
-  docs/performance.md). Outside a graph it launches the same kernels eagerly.
-- `lowp::<name>`, an opaque custom op, launching at run time: for a symbolic shape
-  (the launch parameters are Python ints of the shape), under Triton's CPU interpreter
-  (tests: `wrap_triton` cannot trace its kernels with fake tensors), and where triton
-  is not installed (never launched there).
+- `lowp::<name>_inline`, a `torch.library.triton_op`, for the ops in `INLINE_NAMES`
+  where Triton runs on a GPU and the input's shape is concrete: under torch.compile it
+  decomposes into the kernel launches themselves (`wrap_triton`), which Inductor makes
+  from its own code, so a compiled cast costs no Python op dispatch and no Python of
+  `_triton_casts` at run time (an opaque op's costs more host time than its kernels
+  take at a few thousand tokens). Outside a graph it launches the same kernels eagerly.
+- `lowp::<name>`, an opaque custom op, launching at run time: for the other ops, a
+  symbolic shape (the launch parameters are Python ints of the shape), under Triton's
+  CPU interpreter (tests: `wrap_triton` cannot trace its kernels with fake tensors),
+  and where triton is not installed (never launched there).
+
+`INLINE_NAMES` holds `triton_quantize_both` alone, as measured on the H200
+(docs/performance.md, "Compiled casts"): inline, float8_rowwise's compiled step halved;
+with `triton_quantize` inline too, float8_tensorwise's step lost host time but gained
+more device time, in Inductor's transposed copies of the codes the op makes.
 
 Registered when `lowp_torch` is imported, so that a saved exported program loads in a
 fresh process; the opaque ops' bodies import triton only when they run (registering a
@@ -32,6 +37,7 @@ from lowp import extend
 from lowp_torch import _cast_kernels
 
 NAMES = ("triton_quantize", "triton_quantize_transposed", "triton_quantize_both")
+INLINE_NAMES = ("triton_quantize_both",)
 
 
 def scheme_key(scheme) -> str:
@@ -46,7 +52,7 @@ def scheme_of_key(key: str):
 def traced_op(name: str, x: torch.Tensor):
     """The op a traced call of `name` (one of NAMES) on input x takes: the inline form
     where it is registered and x's shape is concrete ints, else the opaque one."""
-    if INLINE and all(type(d) is int for d in x.shape):
+    if INLINE and name in INLINE_NAMES and all(type(d) is int for d in x.shape):
         return getattr(torch.ops.lowp, name + "_inline")
     return getattr(torch.ops.lowp, name)
 
@@ -151,5 +157,7 @@ def _inline(body):
 
 INLINE = _cast_kernels._TRITON_INSTALLED and not _cast_kernels._interpreting()
 if INLINE:
-    for _name, (_body, _) in _BODIES.items():
-        torch.library.triton_op(f"lowp::{_name}_inline", _inline(_body), mutates_args=())
+    for _name in INLINE_NAMES:
+        torch.library.triton_op(
+            f"lowp::{_name}_inline", _inline(_BODIES[_name][0]), mutates_args=()
+        )

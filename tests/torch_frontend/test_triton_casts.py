@@ -993,18 +993,21 @@ def test_inline_kernels_rebuilt_source_compiles_to_the_same_ptx(variant, tmp_pat
 
 
 def test_traced_op_takes_the_inline_op_for_concrete_shapes_only():
-    """`traced_op` picks `lowp::<name>_inline` where it is registered (Triton on a GPU)
-    and the input's shape is ints; a symbolic shape takes the opaque op."""
+    """`traced_op` picks `lowp::<name>_inline` for the ops of INLINE_NAMES where they
+    are registered (Triton on a GPU) and the input's shape is ints; a symbolic shape,
+    and the other ops, take the opaque op."""
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     from lowp_torch import _cast_ops
 
+    assert _cast_ops.INLINE_NAMES == ("triton_quantize_both",)
     concrete = torch.empty(4, 8, device="meta")
     symbolic = unittest.mock.Mock(shape=(ShapeEnv().create_unbacked_symint(), 8))
-    for inline in (True, False):
+    for inline in (True, False) if _cast_ops.INLINE else (False,):
         with unittest.mock.patch.object(_cast_ops, "INLINE", inline):
             for name in _cast_ops.NAMES:
-                want = name + "_inline" if inline else name
+                takes = inline and name in _cast_ops.INLINE_NAMES
+                want = name + "_inline" if takes else name
                 assert _cast_ops.traced_op(name, concrete) is getattr(torch.ops.lowp, want)
                 assert _cast_ops.traced_op(name, symbolic) is getattr(torch.ops.lowp, name)
 
@@ -1054,9 +1057,9 @@ def test_inline_bodies_launch_through_wrap_triton_with_the_eager_bytes():
 
 @ON_GPU
 def test_cuda_compiled_casts_launch_inline_with_the_eager_bytes():
-    """On a GPU, torch.compile's casts are the inline ops: the compiled code launches
-    the kernels itself (no opaque `lowp::triton_quantize*` call in it) and writes the
-    eager bytes, for each launch function and scheme kind."""
+    """On a GPU, torch.compile's casts write the eager bytes, for each launch function
+    and scheme kind; `quantize_both` is the inline op, whose kernels the compiled code
+    launches itself (no opaque `lowp::triton_quantize_both` call in it)."""
     from torch._inductor.utils import run_and_get_code
 
     from lowp_torch import _triton_casts
@@ -1097,6 +1100,7 @@ def test_cuda_compiled_casts_launch_inline_with_the_eager_bytes():
             functools.partial(fn, scheme=scheme), fullgraph=True, dynamic=False
         )
         got, code = run_and_get_code(compiled, x)
-        assert "lowp.triton_quantize" not in "\n".join(code), f"{fn.__name__} {scheme}"
+        if fn is quantize_both:
+            assert "lowp.triton_quantize_both" not in "\n".join(code), str(scheme)
         for a, b in zip(eager, got, strict=True):
             assert torch.equal(a, b), f"{fn.__name__} {scheme}: compiled bytes differ"
