@@ -10,9 +10,10 @@ holds, and `triton_problem` names the first that does not:
   CPU interpreter (`TRITON_INTERPRET=1`, which the tests use) `cast_kernels("triton")`
   also runs the kernels on CPU tensors; "auto" never does;
 - under torch.compile, the same: the compiled graph then calls the kernels through
-  custom ops (`torch.ops.lowp.triton_quantize`, `triton_quantize_both`), opaque to
-  Inductor, without a graph break. `cast_kernels("torch")` keeps the torch ops there
-  instead, for Inductor to fuse with what produces the input;
+  ops (`_cast_ops`: `torch.ops.lowp.triton_quantize`, `triton_quantize_both`, ...),
+  without a graph break; on a GPU, with concrete shapes, Inductor launches their kernels
+  from its own code. `cast_kernels("torch")` keeps the torch ops there instead, for
+  Inductor to fuse with what produces the input;
 - nearest rounding and `check_finite=False` (stochastic rounding and the finite check
   stay on the torch path);
 - triton importable;

@@ -26,9 +26,11 @@ Which calls come here is `_cast_kernels`' business; this module imports triton.
 import contextlib
 import dataclasses
 import math
+import threading
 
 import torch
 import triton
+from torch.library import wrap_triton
 
 import lowp
 from lowp import extend
@@ -64,6 +66,7 @@ _AMAX_ROW_TILES = 4  # column maxima: tiles a program stacks per atomic, at most
 # of casts in a float8_rowwise 16384x4096x14336 step (bench/results/2026-11-30_f14ba58_profile_linear.txt),
 # against 0.17 ms for its bytes; `bench/casts.py --tune --rows rowwise_both` tries others.
 _AMAX_TILE = None
+_LAUNCHES = threading.local()  # .wrapped: inside `wrapped_launches`, in this thread
 
 
 def quantize(t: torch.Tensor, scheme) -> _qtensor.QuantizedTensor:
@@ -78,16 +81,17 @@ def quantize(t: torch.Tensor, scheme) -> _qtensor.QuantizedTensor:
     if source is not None:  # t = source.transpose(-2, -1): no transposing copy
         shape = tuple(t.shape)
         if _storage.traced(source):
-            key = _cast_ops.scheme_key(scheme)
-            codes, scale = torch.ops.lowp.triton_quantize_transposed(source, key)
+            op = _cast_ops.traced_op("triton_quantize_transposed", source)
+            codes, scale = op(source, _cast_ops.scheme_key(scheme))
         else:
             with _on_device(source):
                 codes, scale = _launch_transposed(source, scheme, fmt)
         return _wrap(codes, scale, scheme, shape, t.dtype, fmt)
     x = t.detach().contiguous()
     shape = tuple(x.shape)
-    if _storage.traced(x):  # torch.compile: the same launch, as an opaque op (`_cast_ops`)
-        codes, scale = torch.ops.lowp.triton_quantize(x, _cast_ops.scheme_key(scheme))
+    if _storage.traced(x):  # torch.compile: the same launches, as an op (`_cast_ops`)
+        op = _cast_ops.traced_op("triton_quantize", x)
+        codes, scale = op(x, _cast_ops.scheme_key(scheme))
     else:
         with _on_device(x):
             codes, scale = _launch(x, shape, scheme, fmt)
@@ -172,10 +176,9 @@ def quantize_both(t: torch.Tensor, scheme):
     x = t.detach().contiguous()
     shape = tuple(x.shape)
     fmt = extend.element_format(scheme.fmt)
-    if _storage.traced(x):  # torch.compile: the same launches, as an opaque op (`_cast_ops`)
-        row_codes, row_scale, col_codes, col_scale = torch.ops.lowp.triton_quantize_both(
-            x, _cast_ops.scheme_key(scheme)
-        )
+    if _storage.traced(x):  # torch.compile: the same launches, as an op (`_cast_ops`)
+        op = _cast_ops.traced_op("triton_quantize_both", x)
+        row_codes, row_scale, col_codes, col_scale = op(x, _cast_ops.scheme_key(scheme))
     else:
         with _on_device(x):
             (row_codes, row_scale), (col_codes, col_scale) = _launch_both(x, scheme, fmt)
@@ -254,6 +257,30 @@ def _element_args(fmt, x) -> dict:
     }
 
 
+@contextlib.contextmanager
+def wrapped_launches():
+    """Inside the block (in this thread), kernels launch through `wrap_triton`: the
+    bodies of `_cast_ops`' triton_ops, which torch.compile traces into launches that
+    Inductor makes from its own code, and which outside a graph launch directly.
+    Elsewhere a kernel launches as itself (`wrap_triton`'s eager dispatch costs host
+    time, and only a triton_op's body is traced through it)."""
+    before = getattr(_LAUNCHES, "wrapped", False)
+    _LAUNCHES.wrapped = True
+    try:
+        yield
+    finally:
+        _LAUNCHES.wrapped = before
+
+
+def _kernel(jit_function):
+    """The kernel to launch: itself, or its `wrap_triton` wrapper in `wrapped_launches`."""
+    return wrap_triton(jit_function) if getattr(_LAUNCHES, "wrapped", False) else jit_function
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
@@ -274,15 +301,15 @@ def _tensor(x, fmt, pow2):
     codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
     scale = torch.empty((), dtype=torch.float32, device=x.device)
     amax = torch.zeros(1, dtype=torch.int32, device=x.device)
-    tiles = triton.cdiv(n, _FLAT_BLOCK)
+    tiles = _cdiv(n, _FLAT_BLOCK)
     if tiles:
         # A power of two tiles per program: few distinct compilations.
-        per_program = _pow2_at_least(triton.cdiv(tiles, _AMAX_PROGRAMS))
-        K.tensor_amax_kernel[(triton.cdiv(tiles, per_program),)](
+        per_program = _pow2_at_least(_cdiv(tiles, _AMAX_PROGRAMS))
+        _kernel(K.tensor_amax_kernel)[(_cdiv(tiles, per_program),)](
             x, amax, n, TILES=per_program, BLOCK=_FLAT_BLOCK, num_warps=_warps(_FLAT_BLOCK)
         )
     # At least one program: it stores the scale, also of an empty tensor.
-    K.tensor_cast_kernel[(max(tiles, 1),)](
+    _kernel(K.tensor_cast_kernel)[(max(tiles, 1),)](
         x,
         amax,
         codes,
@@ -303,7 +330,7 @@ def _axis_rows(x, rows, cols, fmt, pow2):
         return codes, scale
     block_k = _pow2_at_least(cols) if cols <= _ROWS_ONE_PASS else _ROWS_CHUNK
     block_m = min(max(1, _TILE_ELEMENTS // block_k), _pow2_at_least(rows))
-    K.axis_rows_kernel[(triton.cdiv(rows, block_m),)](
+    _kernel(K.axis_rows_kernel)[(_cdiv(rows, block_m),)](
         x,
         codes,
         scale,
@@ -312,7 +339,7 @@ def _axis_rows(x, rows, cols, fmt, pow2):
         POW2=pow2,
         BLOCK_M=block_m,
         BLOCK_K=block_k,
-        CHUNKS=max(1, triton.cdiv(cols, block_k)),
+        CHUNKS=max(1, _cdiv(cols, block_k)),
         num_warps=_warps(block_m * block_k, _ROWS_ELEMENTS_PER_THREAD),
         **_element_args(fmt, x),
     )
@@ -323,7 +350,7 @@ def _grid_2d(view, block_r, block_c) -> tuple[int, int, int]:
     """(programs, tiles_r, tiles_c); a zero-sized R or C still gets one tile of
     masked lanes, so that the scales of its (empty) groups are stored."""
     outer, r, c = view
-    tiles_r, tiles_c = max(1, triton.cdiv(r, block_r)), max(1, triton.cdiv(c, block_c))
+    tiles_r, tiles_c = max(1, _cdiv(r, block_r)), max(1, _cdiv(c, block_c))
     return outer * tiles_r * tiles_c, tiles_r, tiles_c
 
 
@@ -343,12 +370,12 @@ def _block(x, shape, scheme, fmt):
         return _axis_rows(x, outer * r * (c // b1), b1, fmt, pow2)
     if b1 == 1 and r % b0 == 0:
         return _axis_2d(x, (outer * (r // b0), b0, c), fmt, pow2, rows=False, cols=True)[1]
-    tiles_r, tiles_c = triton.cdiv(r, b0), triton.cdiv(c, b1)
+    tiles_r, tiles_c = _cdiv(r, b0), _cdiv(c, b1)
     codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
     scale = torch.empty(outer * tiles_r * tiles_c, dtype=torch.float32, device=x.device)
     block_c = _pow2_at_least(b1)
     chunk_r = min(_pow2_at_least(b0), max(1, _TILE_ELEMENTS // block_c))
-    K.block_tiles_kernel[(outer * tiles_r * tiles_c,)](
+    _kernel(K.block_tiles_kernel)[(outer * tiles_r * tiles_c,)](
         x,
         codes,
         scale,
@@ -361,7 +388,7 @@ def _block(x, shape, scheme, fmt):
         TILE_C=b1,
         CHUNK_R=chunk_r,
         BLOCK_C=block_c,
-        CHUNKS=triton.cdiv(b0, chunk_r),
+        CHUNKS=_cdiv(b0, chunk_r),
         num_warps=_warps(chunk_r * block_c, _ROWS_ELEMENTS_PER_THREAD),
         **_element_args(fmt, x),
     )
@@ -386,7 +413,7 @@ def _axis_2d(x, view, fmt, pow2, rows: bool, cols: bool, cols_t: bool = False):
         _axis_amax_2d(x, view, row_amax, col_amax, rows, cols)
         common = {"ROWS": rows, "COLS": cols, "BLOCK_R": block_r, "BLOCK_C": block_c}
         warps = _warps(block_r * block_c, _COLS_ELEMENTS_PER_THREAD)
-        K.axis_cast_2d_kernel[(programs,)](
+        _kernel(K.axis_cast_2d_kernel)[(programs,)](
             x,
             row_amax,
             row_codes,
@@ -416,7 +443,7 @@ def _axis_amax_2d(x, view, row_amax, col_amax, rows: bool, cols: bool) -> None:
     stack = min(_AMAX_ROW_TILES, _grid_2d(view, block_r, block_c)[1])
     stack = 1 << (stack.bit_length() - 1)  # a power of two, so the stack is a tile
     programs, tiles_r, tiles_c = _grid_2d(view, block_r * stack, block_c)
-    K.axis_amax_2d_kernel[(programs,)](
+    _kernel(K.axis_amax_2d_kernel)[(programs,)](
         x,
         row_amax,
         col_amax,
@@ -469,7 +496,7 @@ def _mx_2d(x, view, scheme, fmt, rows: bool, cols: bool, cols_t: bool = False):
         block_c = max(block_c, group)
     programs, tiles_r, tiles_c = _grid_2d(view, block_r, block_c)
     if programs and x.numel():  # no element, no group: nothing to store
-        K.mx_2d_kernel[(programs,)](
+        _kernel(K.mx_2d_kernel)[(programs,)](
             x,
             row_codes,
             row_scale,

@@ -22,6 +22,7 @@ Three tiers:
 
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -924,3 +925,182 @@ def test_the_custom_ops_exist_once_lowp_torch_is_imported():
         "print(json.dumps([all(ops), 'lowp_torch._triton_casts' in sys.modules]))"
     )
     assert _run_interpreted(code, timeout=300) == [True, False]
+
+
+# --- the inline ops (`_cast_ops`: triton_ops whose launches Inductor makes) -------------
+
+_CAST_KERNELS = ["tensor_amax_kernel", "tensor_cast_kernel", "axis_rows_kernel"]
+_CAST_KERNELS += ["block_tiles_kernel", "axis_cast_2d_kernel", "axis_amax_2d_kernel"]
+_CAST_KERNELS += ["mx_2d_kernel"]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason=NO_TRITON)
+@pytest.mark.parametrize("name", _CAST_KERNELS)
+def test_inline_kernels_source_inductor_rebuilds_defines_every_helper(name):
+    """Under torch.compile an inline op's kernels are launched by Inductor, which rebuilds
+    each kernel's source from the JIT functions its globals name (a helper it leaves out
+    fails only on a GPU, in its compile worker): every JIT function of `_triton_kernels`
+    a kernel calls is defined in its rebuilt source."""
+    import triton
+    from torch._inductor.codegen.wrapper import (
+        user_defined_triton_kernel_transitive_closure_source_code as rebuilt_source,
+    )
+
+    from lowp_torch import _triton_kernels as K
+
+    jits = {n for n in dir(K) if isinstance(getattr(K, n), triton.runtime.jit.JITFunction)}
+    source = rebuilt_source(getattr(K, name))
+    defined = set(re.findall(r"^def (\w+)\(", source, re.MULTILINE))
+    called = set(re.findall(r"\b(\w+)\(", source)) & jits
+    assert name in defined and called <= defined, called - defined
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TRITON, reason=NO_TRITON)
+@pytest.mark.parametrize("variant", PTX_VARIANTS[:9])  # those of `_triton_kernels`
+def test_inline_kernels_rebuilt_source_compiles_to_the_same_ptx(variant, tmp_path):
+    """The kernels Inductor rebuilds for an inline op compile for sm_90 to the PTX of the
+    kernels the eager casts launch (source locations aside): the same bytes, whoever
+    launches them."""
+    import importlib.util
+
+    import triton
+    from torch._inductor.codegen.wrapper import (
+        user_defined_triton_kernel_transitive_closure_source_code as rebuilt_source,
+    )
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel, signature, constexprs, _, _ = _ptx_variants(native=True)[variant]
+    path = tmp_path / f"rebuilt_{variant.replace('-', '_')}.py"
+    header = "import triton\nimport triton.language as tl\n\n@triton.jit\n"
+    path.write_text(header + rebuilt_source(kernel))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def ptx(fn):
+        source = ASTSource(
+            fn=fn,
+            signature=signature | dict.fromkeys(constexprs, "constexpr"),
+            constexprs=constexprs,
+        )
+        text = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+        code = text.split("\t.section\t.debug")[0]  # the debug sections name the files
+        return [ln for ln in code.splitlines() if not ln.lstrip().startswith((".loc", ".file"))]
+
+    assert ptx(getattr(module, kernel.__name__)) == ptx(kernel)
+
+
+def test_traced_op_takes_the_inline_op_for_concrete_shapes_only():
+    """`traced_op` picks `lowp::<name>_inline` for the ops of INLINE_NAMES where they
+    are registered (Triton on a GPU) and the input's shape is ints; a symbolic shape,
+    and the other ops, take the opaque op."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from lowp_torch import _cast_ops
+
+    assert _cast_ops.INLINE_NAMES == ("triton_quantize_both",)
+    concrete = torch.empty(4, 8, device="meta")
+    symbolic = unittest.mock.Mock(shape=(ShapeEnv().create_unbacked_symint(), 8))
+    for inline in (True, False) if _cast_ops.INLINE else (False,):
+        with unittest.mock.patch.object(_cast_ops, "INLINE", inline):
+            for name in _cast_ops.NAMES:
+                takes = inline and name in _cast_ops.INLINE_NAMES
+                want = name + "_inline" if takes else name
+                assert _cast_ops.traced_op(name, concrete) is getattr(torch.ops.lowp, want)
+                assert _cast_ops.traced_op(name, symbolic) is getattr(torch.ops.lowp, name)
+
+
+_INLINE_CHECK = """
+import json, torch, lowp, lowp_torch
+from lowp_torch import _cast_ops, _triton_casts
+
+torch.manual_seed(0)
+x = (torch.randn(64, 96) * torch.logspace(-3, 3, 96)).to(torch.bfloat16)
+x[3, 5] = float("nan")
+
+
+def as_bytes(*ts):
+    return [t.reshape(-1).contiguous().view(torch.uint8).tolist() for t in ts]
+
+
+results = []
+cases = [
+    ("quantize", s) for s in (lowp.TensorScaling(), lowp.AxisScaling(pow2=True),
+    lowp.AxisScaling("float8_e5m2", axis=0), lowp.MXScaling(), lowp.BlockScaling(block=(16, 32)))
+] + [("quantize_both", s) for s in (lowp.AxisScaling(), lowp.MXScaling())]
+cases += [("quantize_transposed", s) for s in (lowp.AxisScaling(), lowp.MXScaling())]
+bodies = {"quantize": _cast_ops._quantize, "quantize_both": _cast_ops._quantize_both,
+          "quantize_transposed": _cast_ops._quantize_transposed}
+for name, scheme in cases:
+    key = _cast_ops.scheme_key(scheme)
+    t = x.reshape(2, 32, 96) if name == "quantize_transposed" else x
+    direct = bodies[name](t, key)
+    wrapped = _cast_ops._inline(bodies[name])(t, key)  # every launch through wrap_triton
+    results.append([name, str(scheme), as_bytes(*direct) == as_bytes(*wrapped)])
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TRITON, reason=NO_TRITON)
+def test_inline_bodies_launch_through_wrap_triton_with_the_eager_bytes():
+    """The inline ops' bodies launch every kernel through `wrap_triton` (its eager
+    dispatch, under the interpreter on CPU): the launches are well formed and give the
+    bytes of the direct launches, for every launch function and scheme kind."""
+    results = _run_interpreted(_INLINE_CHECK, timeout=600)
+    assert len(results) == 9
+    for name, scheme, same in results:
+        assert same, f"{name} {scheme}: launches through wrap_triton differ"
+
+
+@ON_GPU
+def test_cuda_compiled_casts_launch_inline_with_the_eager_bytes():
+    """On a GPU, torch.compile's casts write the eager bytes, for each launch function
+    and scheme kind; `quantize_both` is the inline op, whose kernels the compiled code
+    launches itself (no opaque `lowp::triton_quantize_both` call in it)."""
+    from torch._inductor.utils import run_and_get_code
+
+    from lowp_torch import _triton_casts
+
+    torch.manual_seed(0)
+    x = (torch.randn(64, 96) * torch.logspace(-3, 3, 96)).to(torch.bfloat16).cuda()
+    x[3, 5] = float("nan")
+
+    def as_bytes(*ts):
+        return [t.reshape(-1).contiguous().view(torch.uint8) for t in ts]
+
+    def quantize(t, scheme):
+        q = lowp_torch.quantize(t, scheme)
+        return as_bytes(q.codes, q.scale)
+
+    def quantize_transposed(t, scheme):  # a stacked weight's w.T, read in place
+        return quantize(t.reshape(2, 32, 96).transpose(-2, -1), scheme)
+
+    def quantize_both(t, scheme):
+        rows, cols = _triton_casts.quantize_both(t, scheme)
+        return as_bytes(rows.codes, rows.scale, cols.codes.t(), cols.scale)
+
+    cases = [
+        (quantize, lowp.TensorScaling()),
+        (quantize, lowp.AxisScaling(pow2=True)),
+        (quantize, lowp.AxisScaling("float8_e5m2", axis=0)),
+        (quantize, lowp.MXScaling()),
+        (quantize, lowp.BlockScaling(block=(16, 32))),
+        (quantize_both, lowp.AxisScaling()),
+        (quantize_both, lowp.MXScaling()),
+        (quantize_transposed, lowp.AxisScaling()),
+        (quantize_transposed, lowp.MXScaling()),
+    ]
+    for fn, scheme in cases:
+        eager = fn(x, scheme)
+        torch._dynamo.reset()
+        compiled = torch.compile(
+            functools.partial(fn, scheme=scheme), fullgraph=True, dynamic=False
+        )
+        got, code = run_and_get_code(compiled, x)
+        if fn is quantize_both:
+            assert "lowp.triton_quantize_both" not in "\n".join(code), str(scheme)
+        for a, b in zip(eager, got, strict=True):
+            assert torch.equal(a, b), f"{fn.__name__} {scheme}: compiled bytes differ"
