@@ -26,8 +26,12 @@ _ROOT = pathlib.Path(__file__).parent
 MAX_WORKERS = 4
 
 
-def pytest_xdist_auto_num_workers(config) -> int:
-    """Workers for `-n auto`: one a core this process may run on, at most MAX_WORKERS."""
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest without xdist ignores it
+def pytest_xdist_auto_num_workers(config) -> int | None:
+    """Workers for `-n auto`: one a core this process may run on, at most MAX_WORKERS;
+    PYTEST_XDIST_AUTO_NUM_WORKERS, where set, as xdist reads it (None: xdist's own)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
     affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core
     cores = len(affinity(0)) if affinity else os.cpu_count() or 1
     return max(1, min(MAX_WORKERS, cores))

@@ -53,6 +53,7 @@ def _site_without(packages: list[str], into: pathlib.Path) -> pathlib.Path:
         "torch",
         "torch,torchao,triton,jax,jaxlib,flax",
         "compressed_tensors,modelopt,transformers,safetensors",
+        "xdist,pytest_xdist",  # the root conftest's `-n auto` hook is optional
     ],
 )
 def test_suite_collects_without(absent, tmp_path):
