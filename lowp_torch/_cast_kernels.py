@@ -11,8 +11,8 @@ holds, and `triton_problem` names the first that does not:
   also runs the kernels on CPU tensors; "auto" never does;
 - under torch.compile, the same: the compiled graph then calls the kernels through
   ops (`_cast_ops`: `torch.ops.lowp.triton_quantize`, `triton_quantize_both`, ...),
-  without a graph break; on a GPU, with concrete shapes, Inductor launches their kernels
-  from its own code. `cast_kernels("torch")` keeps the torch ops there instead, for
+  without a graph break; on a GPU Inductor launches `quantize_both`'s kernels from its
+  own code (`_cast_ops.INLINE_NAMES`), the others run as opaque ops. `cast_kernels("torch")` keeps the torch ops there instead, for
   Inductor to fuse with what produces the input;
 - nearest rounding and `check_finite=False` (stochastic rounding and the finite check
   stay on the torch path);

@@ -1,25 +1,24 @@
 """The Triton casts as ops, for torch.compile: `lowp::triton_quantize`,
-`lowp::triton_quantize_transposed` and `lowp::triton_quantize_both`, each in two forms.
+`lowp::triton_quantize_transposed` and `lowp::triton_quantize_both`, opaque, and the
+inline form `lowp::triton_quantize_both_inline`.
 
 A traced tensor cannot launch a kernel, and a plain call would break the graph: a
 compiled graph calls these ops instead, which launch `_triton_casts`' kernels (the same
 bytes; `_cast_kernels` decides when). `traced_op` picks the form:
 
-- `lowp::<name>_inline`, a `torch.library.triton_op`, for the ops in `INLINE_NAMES`
-  where Triton runs on a GPU and the input's shape is concrete: under torch.compile it
-  decomposes into the kernel launches themselves (`wrap_triton`), which Inductor makes
-  from its own code, so a compiled cast costs no Python op dispatch and no Python of
-  `_triton_casts` at run time (an opaque op's costs more host time than its kernels
-  take at a few thousand tokens). Outside a graph it launches the same kernels eagerly.
-- `lowp::<name>`, an opaque custom op, launching at run time: for the other ops, a
-  symbolic shape (the launch parameters are Python ints of the shape), under Triton's
+- `lowp::<name>_inline` for the ops of `INLINE_NAMES`, where Triton runs on a GPU: a
+  `torch.library.triton_op`, which under torch.compile decomposes into the kernel
+  launches themselves (`wrap_triton`), made by Inductor from its own code: a compiled
+  cast costs no Python op dispatch and no Python of `_triton_casts` at run time (an
+  opaque op's host time exceeds its kernels' at a few thousand tokens). With a
+  symbolic shape its body calls the opaque op. Outside a graph it launches eagerly.
+- `lowp::<name>`, an opaque custom op launching at run time: the other ops, Triton's
   CPU interpreter (tests: `wrap_triton` cannot trace its kernels with fake tensors),
-  and where triton is not installed (never launched there).
+  and a machine without triton (never launched there; the inline names are opaque ops
+  there too, so that every name exists).
 
-`INLINE_NAMES` holds `triton_quantize_both` alone, as measured on the H200
-(docs/performance.md, "Compiled casts"): inline, float8_rowwise's compiled step halved;
-with `triton_quantize` inline too, float8_tensorwise's step lost host time but gained
-more device time, in Inductor's transposed copies of the codes the op makes.
+Why `INLINE_NAMES` holds `triton_quantize_both` alone: docs/performance.md, "Compiled
+casts" (the TensorScaling cast inline slowed the copies Inductor makes of its codes).
 
 Registered when `lowp_torch` is imported, so that a saved exported program loads in a
 fresh process; the opaque ops' bodies import triton only when they run (registering a
@@ -28,6 +27,7 @@ string (`scheme_key`), which the ops parse back with `lowp.extend.from_spec`.
 """
 
 import dataclasses
+import importlib
 import inspect
 import math
 
@@ -49,10 +49,11 @@ def scheme_of_key(key: str):
     return extend.from_spec(key)
 
 
-def traced_op(name: str, x: torch.Tensor):
-    """The op a traced call of `name` (one of NAMES) on input x takes: the inline form
-    where it is registered and x's shape is concrete ints, else the opaque one."""
-    if INLINE and name in INLINE_NAMES and all(type(d) is int for d in x.shape):
+def traced_op(name: str):
+    """The op a traced call of `name` (one of NAMES) takes: the inline form where it
+    launches through Inductor (`INLINE`, and `name` in INLINE_NAMES), else the opaque
+    one."""
+    if INLINE and name in INLINE_NAMES:
         return getattr(torch.ops.lowp, name + "_inline")
     return getattr(torch.ops.lowp, name)
 
@@ -139,15 +140,22 @@ for _name, (_body, _fake) in _BODIES.items():
 # --- the inline ops: triton_ops whose bodies launch through wrap_triton ----------------
 
 
-def _inline(body):
-    """`body` with its launches through `wrap_triton` (`_triton_casts.wrapped_launches`):
-    a triton_op's body, which torch.compile traces into the launches themselves."""
+def _inline(name: str):
+    """The inline op's body for the op `name`: its launches through `wrap_triton`
+    (`_triton_casts.wrapped_launches`), which torch.compile traces into the launches
+    themselves. A symbolic shape (torch.compile's dynamic shapes, torch.export's
+    dims) calls the opaque op instead: the launch parameters are Python ints of the
+    shape, which would pin every dim. (The choice is made here, where torch traces the
+    op's body with the dims symbolic; Dynamo, which picks the op, sees them as ints.)"""
+    body = _BODIES[name][0]
 
-    def inline(*args):
+    def inline(*args, **kwargs):
+        if not all(isinstance(d, int) for d in args[0].shape):
+            return getattr(torch.ops.lowp, name)(*args, **kwargs)
         from lowp_torch import _triton_casts  # imports triton
 
         with _triton_casts.wrapped_launches():
-            return body(*args)
+            return body(*args, **kwargs)
 
     inline.__signature__ = inspect.signature(body)  # the op's schema
     inline.__name__ = inline.__qualname__ = body.__name__ + "_inline"
@@ -155,9 +163,26 @@ def _inline(body):
     return inline
 
 
+# The kernels each inline op launches, for torch's caches to hash (the AOTAutograd cache
+# finds a triton_op's kernels in its source only when it names them in `wrap_triton`).
+_INLINE_KERNELS = {
+    "triton_quantize_both": ("axis_amax_2d_kernel", "axis_cast_2d_kernel", "mx_2d_kernel")
+}
+
 INLINE = _cast_kernels._TRITON_INSTALLED and not _cast_kernels._interpreting()
-if INLINE:
-    for _name in INLINE_NAMES:
-        torch.library.triton_op(
-            f"lowp::{_name}_inline", _inline(_BODIES[_name][0]), mutates_args=()
+for _name in INLINE_NAMES:
+    if INLINE:
+        torch.library.triton_op(f"lowp::{_name}_inline", _inline(_name), mutates_args=())
+        _kernels_of = getattr(
+            importlib.import_module("torch._library.triton"), "triton_ops_to_kernels", None
         )
+        if _kernels_of is not None:  # a private table of torch's: where it exists
+            from lowp_torch import _triton_kernels
+
+            _kernels_of[f"lowp::{_name}_inline"] = [
+                getattr(_triton_kernels, k) for k in _INLINE_KERNELS[_name]
+            ]
+    else:  # the name still exists, opaque, so that a saved exported program loads
+        _body, _fake = _BODIES[_name]
+        _op = torch.library.custom_op(f"lowp::{_name}_inline", _body, mutates_args=())
+        _op.register_fake(_fake)

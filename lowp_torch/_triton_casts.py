@@ -81,7 +81,7 @@ def quantize(t: torch.Tensor, scheme) -> _qtensor.QuantizedTensor:
     if source is not None:  # t = source.transpose(-2, -1): no transposing copy
         shape = tuple(t.shape)
         if _storage.traced(source):
-            op = _cast_ops.traced_op("triton_quantize_transposed", source)
+            op = _cast_ops.traced_op("triton_quantize_transposed")
             codes, scale = op(source, _cast_ops.scheme_key(scheme))
         else:
             with _on_device(source):
@@ -90,7 +90,7 @@ def quantize(t: torch.Tensor, scheme) -> _qtensor.QuantizedTensor:
     x = t.detach().contiguous()
     shape = tuple(x.shape)
     if _storage.traced(x):  # torch.compile: the same launches, as an op (`_cast_ops`)
-        op = _cast_ops.traced_op("triton_quantize", x)
+        op = _cast_ops.traced_op("triton_quantize")
         codes, scale = op(x, _cast_ops.scheme_key(scheme))
     else:
         with _on_device(x):
@@ -177,7 +177,7 @@ def quantize_both(t: torch.Tensor, scheme):
     shape = tuple(x.shape)
     fmt = extend.element_format(scheme.fmt)
     if _storage.traced(x):  # torch.compile: the same launches, as an op (`_cast_ops`)
-        op = _cast_ops.traced_op("triton_quantize_both", x)
+        op = _cast_ops.traced_op("triton_quantize_both")
         row_codes, row_scale, col_codes, col_scale = op(x, _cast_ops.scheme_key(scheme))
     else:
         with _on_device(x):
