@@ -5,6 +5,8 @@ copy (of links) of this one's without the named packages, as on a machine where 
 were never installed.
 """
 
+import importlib.util
+import os
 import pathlib
 import re
 import site
@@ -82,3 +84,17 @@ def test_suite_collects_without(absent, tmp_path):
         [sys.executable, "-S", "-c", probe, str(site_dir)], capture_output=True, check=False
     )
     assert check.returncode == 0, f"{absent} still importable: the case tests nothing"
+
+
+def test_auto_workers_are_one_a_core_up_to_the_cap(monkeypatch):
+    """`pytest -n auto` (the README's test command) takes a worker a core, at most the
+    root conftest's MAX_WORKERS, and leaves PYTEST_XDIST_AUTO_NUM_WORKERS to xdist."""
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    root = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(root)
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    for cores, workers in [(1, 1), (2, 2), (64, root.MAX_WORKERS)]:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cores: set(range(n)))
+        assert root.pytest_xdist_auto_num_workers(None) == workers
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "1")
+    assert root.pytest_xdist_auto_num_workers(None) is None
