@@ -26,7 +26,6 @@ triton_op reads its body's source, importing triton). A scheme travels as its `s
 string (`scheme_key`), which the ops parse back with `lowp.extend.from_spec`.
 """
 
-import dataclasses
 import importlib
 import inspect
 import math
@@ -119,12 +118,11 @@ def _quantize_transposed_fake(source, scheme):
 def _quantize_both_fake(x, scheme):
     s = scheme_of_key(scheme)
     shape = tuple(x.shape)
-    along_first = dataclasses.replace(s, axis=-2)
     return (
         torch.empty_like(x, dtype=torch.uint8),
         _scale_buffer(x, s, shape),
         x.new_empty((shape[1], shape[0]), dtype=torch.uint8),
-        _scale_buffer(x, along_first, shape),
+        _scale_buffer(x, s.permuted((1, 0)), shape),
     )
 
 
@@ -166,7 +164,13 @@ def _inline(name: str):
 # The kernels each inline op launches, for torch's caches to hash (the AOTAutograd cache
 # finds a triton_op's kernels in its source only when it names them in `wrap_triton`).
 _INLINE_KERNELS = {
-    "triton_quantize_both": ("axis_amax_2d_kernel", "axis_cast_2d_kernel", "mx_2d_kernel")
+    "triton_quantize_both": (
+        "tensor_amax_kernel",
+        "tensor_cast_2d_kernel",
+        "axis_amax_2d_kernel",
+        "axis_cast_2d_kernel",
+        "mx_2d_kernel",
+    )
 }
 
 INLINE = _cast_kernels._TRITON_INSTALLED and not _cast_kernels._interpreting()

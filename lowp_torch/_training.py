@@ -17,11 +17,12 @@ the plan reuses codes (`OperandPlan.reuses_codes`: the very scheme the tensor wa
 quantized with before, tensorwise or square 128x128 blocks), the operand is those codes, transposed, and the
 earlier GEMM keeps them for the later one instead of the high-precision tensor.
 
-Where the Triton casts quantize (eager CUDA, `_cast_kernels.use_triton`), a tensor
-whose two GEMMs take the very same scheme (`OperandPlan.shares_scheme`: x, w and dy
-under float8_rowwise and mxfp8; w under mxfp8_gw_hp) is quantized both ways from one
-read (`_triton_casts.quantize_both`); its codes along the first axis are those
-`_transposed` would make. The forward keeps them (one byte an element) for the
+Where the Triton casts quantize (CUDA, `_cast_kernels.use_triton`), a tensor whose two
+GEMMs take the very same scheme (`OperandPlan.shares_scheme`: x, w and dy under
+float8_rowwise and mxfp8; w under mxfp8_gw_hp) or reuse its codes under tensorwise
+scaling (float8_tensorwise's x, w and dy) is quantized both ways from one read
+(`_triton_casts.quantize_both`); its codes along the first axis are those
+`_transposed` would make, written transposed, so no GEMM copies codes. The forward keeps them (one byte an element) for the
 backward instead of the high-precision x or w, and the dgrad those of dy for the wgrad
 (`_quantize_and_keep`). The bytes are the same on every path.
 
@@ -192,17 +193,19 @@ def _quantize_and_keep(t, operand, later, later_runs: bool, name: str):
     be quantized then. `later`: None where that GEMM runs in high precision.
 
     Codes are made now, the bytes `_transposed(t, later)` would make, where
-    - the plan reuses t's codes (`OperandPlan.reuses_codes`): t's codes;
     - `quantize_both` makes both from one read of t (`_one_read`) and the later GEMM
-      will run: its codes along t's first axis, kept in fp8 instead of t.
+      will run: its codes along t's first axis (for tensorwise scaling, t's codes
+      written transposed), kept in fp8 instead of t;
+    - else the plan reuses t's codes (`OperandPlan.reuses_codes`): t's codes, which
+      the later GEMM copies transposed.
     """
-    if later is not None and later.reuses_codes:
-        q = _quantize.quantize(t, operand.scheme, name=name)
-        return q, q
     if later_runs and _one_read(t, later, name):
         from lowp_torch import _triton_casts  # imports triton: only when it runs
 
         return _triton_casts.quantize_both(t, operand.scheme)
+    if later is not None and later.reuses_codes:
+        q = _quantize.quantize(t, operand.scheme, name=name)
+        return q, q
     return _quantize_operand(t, operand, name), t
 
 
@@ -242,13 +245,15 @@ def _(seed, length, device):
 def _one_read(t, later, name: str) -> bool:
     """Whether `quantize_both(t, scheme)` gives t's codes for its earlier GEMM and those
     `_transposed(t, later)` makes: the plan says both GEMMs take the very scheme, which
-    applies along t's first axis (`OperandPlan.shares_scheme`), and `quantize` takes the
-    Triton casts for t with it in both orientations (eager, CUDA or the forced
-    interpreter, shapes that suit, AxisScaling or MXScaling)."""
+    applies along t's first axis (`OperandPlan.shares_scheme`) or reuses t's codes
+    (`OperandPlan.reuses_codes`, tensorwise), and `quantize` takes the Triton casts for
+    t with it in both orientations (eager, CUDA or the forced interpreter, shapes that
+    suit, TensorScaling, AxisScaling or MXScaling)."""
     return (
         later is not None
-        and later.shares_scheme
-        and isinstance(later.scheme, (lowp.AxisScaling, lowp.MXScaling))
+        and (later.shares_scheme or later.reuses_codes)
+        and isinstance(later.scheme, (lowp.TensorScaling, lowp.AxisScaling, lowp.MXScaling))
+        and t.dim() == 2
         and all(
             _cast_kernels.use_triton(
                 t,

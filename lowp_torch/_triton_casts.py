@@ -11,6 +11,7 @@ in its own dtype; bytes moved per element for a bfloat16 input in brackets):
 | AxisScaling along the last axis of a transposed view (`transposed_source`) | the column passes of the source, codes written transposed [2 + 2 + 1] |
 | MXScaling along the last axis of a transposed view | one column pass of the source [2 + 1 + 1/32 + 2/32] |
 | MXScaling along any axis              | one pass [2 + 1 + 1/32]                        |
+| `quantize_both`, TensorScaling        | amax pass, then one cast pass writing both [2 + 2 + 1 + 1] |
 | `quantize_both`, AxisScaling          | one amax pass for rows and columns, one cast pass writing both [2 + 2 + 1 + 1] |
 | `quantize_both`, MXScaling            | one pass writing both [2 + 1 + 1 + 2/32]       |
 | BlockScaling 1 x b (C a multiple of b) | the AxisScaling rows pass over b-wide rows [2 + 1] |
@@ -24,7 +25,6 @@ Which calls come here is `_cast_kernels`' business; this module imports triton.
 """
 
 import contextlib
-import dataclasses
 import math
 import threading
 
@@ -153,7 +153,9 @@ def _launch(x, shape, scheme, fmt):
 
 def quantize_both(t: torch.Tensor, scheme):
     """Both orientations of a 2-D `t` from one read: (quantize(t, scheme),
-    quantize(t, scheme along axis -2)), for AxisScaling and MXScaling along axis -1.
+    quantize(t, scheme.permuted((1, 0)))), for TensorScaling and for AxisScaling and
+    MXScaling along axis -1 (permuted: along axis -2; TensorScaling's one scale does not
+    care, and its second codes are the first's, written transposed).
 
     The training backward needs each operand scaled along both of its axes (spec §8):
     x along K (forward) and M (wgrad), w along K and N (dgrad), dy along N (dgrad) and
@@ -162,17 +164,23 @@ def quantize_both(t: torch.Tensor, scheme):
 
     The training layer calls it (`_training._quantize_and_keep`) where both GEMMs of a
     tensor take the same scheme and `_cast_kernels.use_triton` admits t with it and
-    with it along axis -2 (float8_rowwise's and mxfp8's x, w and dy; mxfp8_gw_hp's w),
-    and keeps the second result for the backward instead of t. Its H200 bandwidth
-    against two `quantize` calls is `bench/casts.py`'s to measure.
+    with it along axis -2 (float8_rowwise's and mxfp8's x, w and dy; mxfp8_gw_hp's w;
+    float8_tensorwise's x, w and dy, whose backward would otherwise copy the codes
+    transposed), and keeps the second result for the backward instead of t. Its H200
+    bandwidth against two `quantize` calls is `bench/casts.py`'s to measure.
     """
-    if t.dim() != 2 or extend.normalize_axis(scheme.axis, 2, scheme) != 1:
+    if not isinstance(scheme, (lowp.TensorScaling, lowp.AxisScaling, lowp.MXScaling)):
+        raise TypeError(
+            f"quantize_both takes TensorScaling, AxisScaling or MXScaling, got {scheme!r}"
+        )
+    along_last = isinstance(scheme, lowp.TensorScaling) or (
+        t.dim() == 2 and extend.normalize_axis(scheme.axis, 2, scheme) == 1
+    )
+    if t.dim() != 2 or not along_last:
         raise ValueError(
             f"quantize_both takes a 2-D tensor and a scheme along its last axis; got shape "
             f"{tuple(t.shape)} and {scheme}"
         )
-    if not isinstance(scheme, (lowp.AxisScaling, lowp.MXScaling)):
-        raise TypeError(f"quantize_both takes AxisScaling or MXScaling, got {scheme!r}")
     x = t.detach().contiguous()
     shape = tuple(x.shape)
     fmt = extend.element_format(scheme.fmt)
@@ -182,17 +190,18 @@ def quantize_both(t: torch.Tensor, scheme):
     else:
         with _on_device(x):
             (row_codes, row_scale), (col_codes, col_scale) = _launch_both(x, scheme, fmt)
-    along_first = dataclasses.replace(scheme, axis=-2)
     return (
         _wrap(row_codes, row_scale, scheme, shape, t.dtype, fmt),
         # written transposed: a (C, R) buffer seen as (R, C), so t.T's codes are contiguous
-        _wrap(col_codes.t(), col_scale, along_first, shape, t.dtype, fmt),
+        _wrap(col_codes.t(), col_scale, scheme.permuted((1, 0)), shape, t.dtype, fmt),
     )
 
 
 def _launch_both(x, scheme, fmt):
     """[(row codes, row scales), (column codes (C, R), column scales)] of a 2-D x."""
     view = (1,) + tuple(x.shape)
+    if isinstance(scheme, lowp.TensorScaling):
+        return _tensor_both(x, fmt, scheme.pow2)
     if isinstance(scheme, lowp.AxisScaling):
         return _axis_2d(x, view, fmt, scheme.pow2, rows=True, cols=True, cols_t=True)
     return _mx_2d(x, view, scheme, fmt, rows=True, cols=True, cols_t=True)
@@ -296,10 +305,9 @@ def _warps(tile_elements: int, per_thread: int | None = None) -> int:
 # --- launches --------------------------------------------------------------------------
 
 
-def _tensor(x, fmt, pow2):
+def _tensor_amax(x) -> torch.Tensor:
+    """The amax pass of TensorScaling: max |x| bits, an int32 of one element."""
     n = x.numel()
-    codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
-    scale = torch.empty((), dtype=torch.float32, device=x.device)
     amax = torch.zeros(1, dtype=torch.int32, device=x.device)
     tiles = _cdiv(n, _FLAT_BLOCK)
     if tiles:
@@ -308,6 +316,15 @@ def _tensor(x, fmt, pow2):
         _kernel(K.tensor_amax_kernel)[(_cdiv(tiles, per_program),)](
             x, amax, n, TILES=per_program, BLOCK=_FLAT_BLOCK, num_warps=_warps(_FLAT_BLOCK)
         )
+    return amax
+
+
+def _tensor(x, fmt, pow2):
+    n = x.numel()
+    codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    scale = torch.empty((), dtype=torch.float32, device=x.device)
+    amax = _tensor_amax(x)
+    tiles = _cdiv(n, _FLAT_BLOCK)
     # At least one program: it stores the scale, also of an empty tensor.
     _kernel(K.tensor_cast_kernel)[(max(tiles, 1),)](
         x,
@@ -321,6 +338,38 @@ def _tensor(x, fmt, pow2):
         **_element_args(fmt, x),
     )
     return codes, scale
+
+
+def _tensor_both(x, fmt, pow2):
+    """[(codes, scale), (codes transposed (C, R), a copy of the scale)] of a 2-D x under
+    TensorScaling: the amax pass, then one cast pass over 2-D tiles writing both."""
+    r, c = x.shape
+    codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    codes_t = torch.empty((c, r), dtype=torch.uint8, device=x.device)
+    scale = torch.empty((), dtype=torch.float32, device=x.device)
+    scale_t = torch.empty((), dtype=torch.float32, device=x.device)
+    amax = _tensor_amax(x)
+    block_r = min(_TILE_COLS[0], _pow2_at_least(r))
+    block_c = min(_TILE_COLS[1], _pow2_at_least(c))
+    programs, tiles_r, tiles_c = _grid_2d((1, r, c), block_r, block_c)
+    _kernel(K.tensor_cast_2d_kernel)[(programs,)](
+        x,
+        amax,
+        codes,
+        codes_t,
+        scale,
+        scale_t,
+        r,
+        c,
+        tiles_r,
+        tiles_c,
+        POW2=pow2,
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
+        num_warps=_warps(block_r * block_c, _COLS_ELEMENTS_PER_THREAD),
+        **_element_args(fmt, x),
+    )
+    return [(codes, scale), (codes_t, scale_t)]
 
 
 def _axis_rows(x, rows, cols, fmt, pow2):

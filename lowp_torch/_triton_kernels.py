@@ -381,6 +381,45 @@ def axis_cast_2d_kernel(
 
 
 @triton.jit
+def tensor_cast_2d_kernel(
+    x_ptr,
+    amax_ptr,
+    codes_ptr,
+    codes_t_ptr,
+    scale_ptr,
+    scale_t_ptr,
+    R,
+    C,
+    tiles_r,
+    tiles_c,
+    FMT_MAX: tl.constexpr,
+    EBITS: tl.constexpr,
+    MBITS: tl.constexpr,
+    BIAS: tl.constexpr,
+    POW2: tl.constexpr,
+    NATIVE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """TensorScaling codes of an (R, C) tile, from one read, stored twice: as x lies
+    (R, C) and transposed (C, R) (`_col_offsets`), the second for the backward GEMMs
+    that read x transposed. One scale orients both ways, so the codes are the same
+    bytes; program 0 stores the scale, once for each (an op's outputs are separate
+    tensors)."""
+    pid = tl.program_id(0)
+    o, tr, tc = _tile(pid, tiles_r, tiles_c)
+    r, c = _span(tr, BLOCK_R), _span(tc, BLOCK_C)
+    mask = (r < R)[:, None] & (c < C)[None, :]
+    m, scale, poisoned = _float_scale(tl.load(amax_ptr), FMT_MAX, POW2)
+    tl.store(scale_ptr, scale, mask=pid == 0)
+    tl.store(scale_t_ptr, scale, mask=pid == 0)
+    offsets = o * R * C + r[:, None] * C + c[None, :]
+    codes = _encode(_load(x_ptr, offsets, mask), m, poisoned, FMT_MAX, EBITS, MBITS, BIAS, NATIVE)
+    tl.store(codes_ptr + offsets, codes, mask=mask)
+    tl.store(codes_t_ptr + _col_offsets(o, r[:, None], c[None, :], R, C, True), codes, mask=mask)
+
+
+@triton.jit
 def mx_2d_kernel(
     x_ptr,
     row_codes_ptr,

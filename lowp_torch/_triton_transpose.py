@@ -1,9 +1,10 @@
 """A transposed 2-D tensor of one-byte elements (fp8 codes) made contiguous, in Triton.
 
-The training backward feeds `torch._scaled_mm` operands that exist as transposed views:
-the forward's tensorwise codes of x and the dgrad's of dy (`LinearPlan.keeps_codes`),
-and the codes `quantize_both` writes along the first axis. The GEMM takes row-major
-A and column-major B, so each such view is copied once. Measured on the H200
+The GEMMs feed `torch._scaled_mm` operands that can exist as transposed views: codes
+kept for the backward where `quantize_both` did not write them transposed (tensorwise
+codes made on the torch ops, square-tile blockwise codes), and transposed codes a
+caller passes. The GEMM takes row-major A and column-major B, so each such view is
+copied once. Measured on the H200
 (torch 2.11): `.contiguous()` of a transposed 16384 x 8192 fp8 tensor runs PyTorch's
 generic strided-copy kernel, about 1 ms, half the time of the fp8 GEMM it feeds. This
 kernel copies tiles: each program loads a (BLOCK, BLOCK) tile along the source's

@@ -512,7 +512,8 @@ MISMATCHED = {
 # The tensors quantized both ways in one training step where every GEMM runs, read
 # off spec §8's table: the same AxisScaling/MXScaling scheme in both of a tensor's GEMMs.
 BOTH_WAYS = {
-    "float8_tensorwise": set(),  # tensorwise keeps its forward codes (`reuses_codes`)
+    # tensorwise reuses its forward codes (`reuses_codes`): written transposed too
+    "float8_tensorwise": {"x", "w", "dy"},
     "float8_rowwise": {"x", "w", "dy"},
     "float8_rowwise_gw_hp": set(),  # dgrad's w is tensorwise; no wgrad GEMM
     "mxfp8": {"x", "w", "dy"},
@@ -528,6 +529,7 @@ BOTH_WAYS = {
 STEP_SHAPE = (2, 32, K)  # M = 64: the MX block divides it, and no two of x, w, dy share a shape
 INTERPRETED = [(r, "step") for r in BOTH_WAYS]
 INTERPRETED += [("float8_rowwise", v) for v in ("float32", "frozen_weight", "input_without_grad")]
+INTERPRETED += [("float8_tensorwise", v) for v in ("frozen_weight", "no_grad")]
 INTERPRETED += [("mxfp8", v) for v in ("float32", "no_grad")]
 
 
@@ -692,8 +694,8 @@ def test_cuda_triton_casts_quantize_both_ways_at_once_and_train_to_the_same_byte
 def _check_step(result: dict, recipe: str, variant: str):
     """y, dx, dw, db (and training_operands' bytes) on the Triton casts equal the
     torch-ops path's; quantize_both ran for exactly the tensors whose two schemes are
-    the same AxisScaling/MXScaling and whose later GEMM runs; the forward saved those
-    codes (fp8, along the first axis) instead of the high-precision x or w."""
+    the same TensorScaling/AxisScaling/MXScaling and whose later GEMM runs; the forward
+    saved those codes (fp8, along the first axis) instead of the high-precision x or w."""
     assert "error" not in result, result.get("error")
     assert not result["differences"], result["differences"]
     assert result["both_ways"]["torch"] == []
@@ -722,14 +724,17 @@ def _check_step(result: dict, recipe: str, variant: str):
         (MX, dataclasses.replace(MX, block=16), False),
         (ROWWISE, MX, False),
         (ROWWISE, None, False),  # the later GEMM runs in high precision
-        (lowp.TensorScaling(), lowp.TensorScaling(), False),  # keeps its codes instead
+        (lowp.TensorScaling(), lowp.TensorScaling(), True),  # its codes, written transposed
+        (lowp.TensorScaling(), lowp.TensorScaling(pow2=True), False),
+        (lowp.BlockScaling(block=(8, 8)), lowp.BlockScaling(block=(8, 8)), False),  # no kernel
         (lowp.MXScaling("float4_e2m1fn"), lowp.MXScaling("float4_e2m1fn"), False),
     ],
 )
 def test_one_read_only_where_both_schemes_are_the_same(monkeypatch, scheme, later, one_read):
     """Whatever the cast path, quantize_both's second result serves only a later
-    AxisScaling/MXScaling scheme equal to the first (its codes along t's first axis
-    are then `_transposed`'s); and only where `use_triton` says the casts run."""
+    TensorScaling/AxisScaling/MXScaling scheme equal to the first (its codes along t's
+    first axis are then `_transposed`'s); and only where `use_triton` says the casts
+    run."""
     t = torch.ones(64, 64)
     operand = None if later is None else extend.OperandPlan("x", True, later, earlier=scheme)
     monkeypatch.setattr(_cast_kernels, "use_triton", lambda *args, **kwargs: True)

@@ -130,6 +130,8 @@ def plan() -> list[Case]:
             config = cases.Configuration(scheme, shape, "bfloat16")
             out.append(Case(config, "small_tiles", SMALL_TILE_EDGES))
     for scheme in (
+        lowp.TensorScaling(),
+        lowp.TensorScaling(E5M2, pow2=True),
         lowp.AxisScaling(pow2=True),
         lowp.AxisScaling(E5M2),
         lowp.MXScaling(block=2, mode="rceil"),
@@ -137,7 +139,12 @@ def plan() -> list[Case]:
     ):
         out.append(Case(cases.Configuration(scheme, (6, 32), "bfloat16"), "both"))
     out.append(Case(cases.Configuration(lowp.MXScaling(block=2), (6, 0)), "both"))
-    for scheme in (lowp.AxisScaling(pow2=True), lowp.MXScaling(block=2, mode="rceil")):
+    out.append(Case(cases.Configuration(lowp.TensorScaling(), (0, 5)), "both"))
+    for scheme in (
+        lowp.TensorScaling(pow2=True),
+        lowp.AxisScaling(pow2=True),
+        lowp.MXScaling(block=2, mode="rceil"),
+    ):
         config = cases.Configuration(scheme, (6, 40), "bfloat16")
         out.append(Case(config, "both_small_tiles", SMALL_TILE_EDGES))
     # Transposed views: 2-D and 3-D (a stacked weight's w.T, outer > 1), an empty one.
@@ -206,7 +213,7 @@ def run_case(case: Case, device: str) -> list[str]:
         if case.variant.startswith("both"):
             with tiles:
                 rows, cols = _triton_casts.quantize_both(t, scheme)
-            along_first = dataclasses.replace(scheme, axis=-2)
+            along_first = scheme.permuted((1, 0))  # TensorScaling: the scheme itself
             problems = _differences(x, _reference(x, scheme), rows)
             problems += [f"axis -2: {p}" for p in _differences(x, _reference(x, along_first), cols)]
             if not cols.codes.t().is_contiguous():  # written K-major for the backward GEMMs
@@ -351,6 +358,15 @@ def _ptx_variants(native: bool) -> dict:
             "e5m2",
             True,
         ),
+        "tensor-both": (
+            K.tensor_cast_2d_kernel,
+            {"x_ptr": "*bf16", "amax_ptr": "*i32", "codes_ptr": "*u8", "codes_t_ptr": "*u8"}
+            | {"scale_ptr": "*fp32", "scale_t_ptr": "*fp32"}
+            | grid,
+            {"POW2": False, "BLOCK_R": 64, "BLOCK_C": 64} | fmt(E4M3),
+            "e4m3",
+            True,
+        ),
         "rows-one-pass": (
             K.axis_rows_kernel,
             rows | {"cols": "i32"},
@@ -432,7 +448,7 @@ def _ptx_variants(native: bool) -> dict:
     }
 
 
-PTX_VARIANTS = ["tensor-amax", "tensor-e4m3", "tensor-e5m2-pow2", "rows-one-pass"]
+PTX_VARIANTS = ["tensor-amax", "tensor-e4m3", "tensor-e5m2-pow2", "tensor-both", "rows-one-pass"]
 PTX_VARIANTS += ["rows-chunked", "axis-amax-both", "axis-both", "block-tiles", "mx-both"]
 PTX_VARIANTS += ["grouped-tokens", "grouped-rows-tokens-amax", "grouped-rows-tokens"]
 PTX_VARIANTS += ["grouped-tokens-mx", "grouped-tail"]
@@ -542,7 +558,9 @@ def test_gpu_kernels_match_lowp_and_torch_on_1m_random_values(scheme, shape, hp_
 
 @ON_GPU
 @pytest.mark.parametrize(
-    "scheme", [lowp.AxisScaling(pow2=True), lowp.MXScaling(mode="rceil")], ids=cases.scheme_id
+    "scheme",
+    [lowp.TensorScaling(), lowp.AxisScaling(pow2=True), lowp.MXScaling(mode="rceil")],
+    ids=cases.scheme_id,
 )
 def test_gpu_both_orientations_match_lowp_on_1m_random_values(scheme):
     from lowp_torch import _triton_casts
@@ -551,7 +569,7 @@ def test_gpu_both_orientations_match_lowp_on_1m_random_values(scheme):
     t = torch.from_numpy(_bits_of(x)).view(torch.bfloat16).cuda()
     rows, cols = _triton_casts.quantize_both(t, scheme)
     problems = _differences(x, _reference(x, scheme), rows)
-    problems += _differences(x, _reference(x, dataclasses.replace(scheme, axis=-2)), cols)
+    problems += _differences(x, _reference(x, scheme.permuted((1, 0))), cols)
     assert not problems, "\n".join(problems)
 
 
@@ -837,6 +855,7 @@ schemes = [
     lowp.MXScaling(mode="floor", axis=0),
 ]
 calls = [(quantize, s) for s in schemes] + [
+    (quantize_both, lowp.TensorScaling()),
     (quantize_both, lowp.AxisScaling(pow2=True)),
     (quantize_both, lowp.MXScaling(mode="rceil")),
     (quantize_transposed, lowp.AxisScaling(pow2=True)),
@@ -873,7 +892,7 @@ def test_compiled_code_calls_the_triton_casts_as_custom_ops():
     compiled quantize_'d model under the forced mode runs too (its fake-tensor dispatch
     once raised)."""
     results = _run_interpreted(_COMPILED_CHECK, timeout=600)
-    assert len(results) == 10
+    assert len(results) == 11
     for fn, scheme, same, launches in results:
         assert same, f"{fn} {scheme}: compiled bytes differ from eager"
         if fn != "inference_model":
@@ -904,6 +923,11 @@ def test_custom_op_fakes_match_the_launches():
     )
     assert rows.shape == (64, 96) and cols.shape == (96, 64)
     assert row_scale.shape == (64 * 3,) and col_scale.shape == (2 * 96,)
+    rows, row_scale, cols, col_scale = torch.ops.lowp.triton_quantize_both(
+        x, _cast_ops.scheme_key(lowp.TensorScaling())
+    )
+    assert rows.shape == (64, 96) and cols.shape == (96, 64)
+    assert row_scale.shape == col_scale.shape == () and col_scale.dtype == torch.float32
     w = torch.empty(4, 64, 96, dtype=torch.bfloat16, device="meta")  # read as w.T (4, 96, 64)
     for scheme, scale in [
         (lowp.AxisScaling(), ((4 * 96,), torch.float32)),
@@ -929,7 +953,8 @@ def test_the_custom_ops_exist_once_lowp_torch_is_imported():
 
 # --- the inline ops (`_cast_ops`: triton_ops whose launches Inductor makes) -------------
 
-_CAST_KERNELS = ["tensor_amax_kernel", "tensor_cast_kernel", "axis_rows_kernel"]
+_CAST_KERNELS = ["tensor_amax_kernel", "tensor_cast_kernel", "tensor_cast_2d_kernel"]
+_CAST_KERNELS += ["axis_rows_kernel"]
 _CAST_KERNELS += ["block_tiles_kernel", "axis_cast_2d_kernel", "axis_amax_2d_kernel"]
 _CAST_KERNELS += ["mx_2d_kernel"]
 
@@ -1121,6 +1146,7 @@ def test_cuda_compiled_casts_launch_inline_with_the_eager_bytes():
         (quantize, lowp.AxisScaling("float8_e5m2", axis=0)),
         (quantize, lowp.MXScaling()),
         (quantize, lowp.BlockScaling(block=(16, 32))),
+        (quantize_both, lowp.TensorScaling()),
         (quantize_both, lowp.AxisScaling()),
         (quantize_both, lowp.MXScaling()),
         (quantize_transposed, lowp.AxisScaling()),
