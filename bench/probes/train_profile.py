@@ -2,8 +2,9 @@
 
 bench/model.py's slice (Llama-3-8B-shaped, two layers) for each training variant at
 `--tokens` tokens, `torch.compile`d: the step's host time (to return) and wall time
-(after a synchronize) over 20 calls, then a `torch.profiler` table of 5 calls by device
-time; for lowp variants first the small-shape policy's table
+(after a synchronize) over 20 calls, then `torch.profiler` tables of 5 calls by device
+time and by host time (the ops whose own CPU time adds up, for a host-bound step); for
+lowp variants first the small-shape policy's table
 (`lowp_torch.small_shapes_report`, compiled), which says which layers run fp8.
 `--cast-kernels` traces lowp's casts under that `lowp_torch.cast_kernels` mode.
 
@@ -30,6 +31,7 @@ def main() -> None:
     parser.add_argument("variants", nargs="+", help="bf16, lowp_<recipe> or torchao_<recipe>")
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--rows", type=int, default=20, help="rows of the device-time table")
+    parser.add_argument("--host-rows", type=int, default=15, help="rows of the host-time table")
     parser.add_argument("--cast-kernels", default="auto", choices=("auto", "triton", "torch"))
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -62,6 +64,9 @@ def main() -> None:
                 torch.cuda.synchronize()
         table = prof.key_averages().table
         print(table(sort_by="self_cuda_time_total", row_limit=args.rows, max_name_column_width=70))
+        print(
+            table(sort_by="self_cpu_time_total", row_limit=args.host_rows, max_name_column_width=70)
+        )
 
 
 if __name__ == "__main__":
