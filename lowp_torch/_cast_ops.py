@@ -18,7 +18,9 @@ bytes; `_cast_kernels` decides when). `traced_op` picks the form:
   there too, so that every name exists).
 
 Why `INLINE_NAMES` holds `triton_quantize_both` alone: docs/performance.md, "Compiled
-casts" (the TensorScaling cast inline slowed the copies Inductor makes of its codes).
+casts" (the TensorScaling cast inline slowed the transposed copies Inductor made of its
+codes). The training casts, tensorwise included, go through `triton_quantize_both`,
+which writes the transposed codes itself.
 
 Registered when `lowp_torch` is imported, so that a saved exported program loads in a
 fresh process; the opaque ops' bodies import triton only when they run (registering a
