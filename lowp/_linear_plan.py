@@ -101,7 +101,10 @@ class OperandPlan:
       transposed: whether the GEMM reads the tensor transposed.
       scheme: the recipe's scheme, along the operand's last axis as the GEMM reads it.
       earlier: for a transposed operand, the scheme an earlier GEMM quantized the same
-        tensor with, as it lies; None where no earlier GEMM quantizes it.
+        tensor with, as it lies, plainly (`plain`: nearest rounding, no transform); None
+        where no earlier GEMM quantizes it so. Stochastically rounded or transformed
+        codes are not that scheme's bytes of the tensor, so no later operand may reuse
+        them or be made beside them from one read (`reuses_codes`, `shares_scheme`).
       rounding: "nearest" or "stochastic", the recipe's for this operand.
       hadamard: whether the operand is multiplied by the random Hadamard transform
         along its last axis before it is quantized (`transformed`).
@@ -262,8 +265,8 @@ class LinearPlan:
         """The plan of `recipe`; TypeError for anything that is not a Recipe."""
         if not isinstance(recipe, Recipe):
             raise TypeError(f"expected a lowp.Recipe, got {recipe!r}")
-        # tensor -> the scheme a GEMM quantized it with, as it lies
-        earlier: dict[str, _schemes.Scheme] = {}
+        # tensor -> the scheme a GEMM quantized it with, as it lies, plainly (None: not plainly)
+        earlier: dict[str, _schemes.Scheme | None] = {}
         gemms: dict[str, GemmPlan | None] = {}
         for name, operands in _OPERANDS.items():
             spec: GemmSpec = getattr(recipe, name)
@@ -291,7 +294,7 @@ class LinearPlan:
             )
             for operand in (a, b):
                 if not operand.transposed:
-                    earlier[operand.tensor] = operand.scheme
+                    earlier[operand.tensor] = operand.scheme if operand.plain else None
             gemms[name] = GemmPlan(name, a, b, spec.fast_accum)
         forward = gemms["forward"]
         assert forward is not None  # Recipe refuses a high-precision forward

@@ -69,7 +69,8 @@ def test_reuse_keeping_and_shared_schemes_follow_one_rule(name):
             assert tensor not in reused | shared
             continue
         assert later.tensor == tensor and later.transposed
-        assert later.earlier == earlier[tensor].scheme
+        # the earlier scheme, where that quantization was plain (nvfp4's dy: stochastic)
+        assert later.earlier == (earlier[tensor].scheme if earlier[tensor].plain else None)
         assert later.reuses_codes == (tensor in reused), tensor
         assert later.shares_scheme == (tensor in shared), tensor
     for op in (plan.forward.a, plan.forward.b, plan.dgrad.a):  # read as they lie
@@ -89,6 +90,25 @@ def test_reuse_needs_tensorwise_and_the_very_same_scheme():
     for scheme, earlier, reused in cases:
         op = OperandPlan("x", True, scheme, earlier)
         assert op.reuses_codes is reused, (scheme, earlier)
+
+
+@pytest.mark.parametrize("earlier", [{"a_rounding": "stochastic"}, {"hadamard": True}])
+def test_codes_of_a_stochastic_or_transformed_quantization_are_not_reused(earlier):
+    """dy quantized in the dgrad with stochastic rounding or after the Hadamard transform
+    is not TensorScaling's bytes of dy: the wgrad's plain dy.T with that scheme neither
+    reuses those codes nor is made beside them from one read."""
+    tensorwise = lowp.TensorScaling(E5M2)
+    recipe = lowp.Recipe(
+        "dgrad_not_plain",
+        forward=lowp.GemmSpec(tensorwise, tensorwise),
+        dgrad=lowp.GemmSpec(tensorwise, tensorwise, **earlier),
+        wgrad=lowp.GemmSpec(tensorwise, tensorwise),
+    )
+    plan = LinearPlan.of(recipe)
+    later = plan.transposed_operand("g")
+    assert later.plain and later.earlier is None
+    assert not later.reuses_codes and not later.shares_scheme and not plan.keeps_codes("g")
+    assert plan.keeps_codes("x")  # the forward's x is plain: reused as before
 
 
 def test_a_gradient_not_quantized_by_a_high_precision_dgrad_is_not_reused():

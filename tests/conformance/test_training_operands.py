@@ -173,3 +173,37 @@ def test_a_recipe_of_a_scheme_no_frontend_names_trains_alike_in_both():
     layer = lowp_torch.convert_to_training(torch.nn.Linear(64, 48), recipe)
     layer(torch.from_numpy(x)).square().sum().backward()
     assert layer.weight.grad is not None and torch.isfinite(layer.weight.grad).all()
+
+
+def _earlier_rounds_stochastically(scheme) -> lowp.Recipe:
+    """`scheme` in every GEMM, dy rounded stochastically in the dgrad (its earlier GEMM)
+    and to nearest in the wgrad, which reads it transposed with that very scheme."""
+    plain = lowp.GemmSpec(scheme, scheme)
+    dgrad = lowp.GemmSpec(scheme, scheme, a_rounding="stochastic")
+    return lowp.Recipe("sr_dgrad_dy", forward=plain, dgrad=dgrad, wgrad=plain, seed=11)
+
+
+@pytest.mark.parametrize(
+    "scheme",
+    [lowp.TensorScaling("float8_e5m2"), lowp.AxisScaling("float8_e5m2", pow2=True)],
+    ids=["tensorwise", "rowwise"],
+)
+def test_stochastically_rounded_codes_are_not_reused_or_made_beside_the_plain_ones(scheme):
+    """A tensor's earlier codes may serve its later transposed operand (`reuses_codes`,
+    tensorwise) or be made with them from one read (`shares_scheme`, rowwise) only where
+    they are that scheme's nearest bytes: dy rounded stochastically in the dgrad is not
+    what the wgrad's plain dy.T takes. Both frontends give each operand the reference's
+    bytes (before, tensorwise: torch rounded the dgrad's dy to nearest; rowwise: the
+    plan offered the one-read cast, which the Triton casts would have taken)."""
+    recipe = _earlier_rounds_stochastically(scheme)
+    plan = LinearPlan.of(recipe)
+    assert not plan.keeps_codes("g")
+    assert not plan.wgrad.a.reuses_codes and not plan.wgrad.a.shares_scheme
+    assert plan.keeps_codes("x") == plan.keeps_codes("w") == isinstance(scheme, lowp.TensorScaling)
+    arrays = _inputs("float32")
+    torch_ops = lowp_torch.training_operands(*(torch.from_numpy(arrays[k]) for k in "xwg"), recipe)
+    jax_ops = lowp_jax.training_operands(*(jnp.asarray(arrays[k]) for k in "xwg"), recipe)
+    for gemm, pair in _reference(arrays, recipe).items():
+        for side, ref, t, j in zip("ab", pair, torch_ops[gemm], jax_ops[gemm], strict=True):
+            _same_bytes(lowp_torch.to_lowp(t), ref, f"{gemm}.{side} (torch vs numpy)")
+            _same_bytes(lowp_jax.to_lowp(j), ref, f"{gemm}.{side} (jax vs numpy)")

@@ -529,7 +529,9 @@ BOTH_WAYS = {
 STEP_SHAPE = (2, 32, K)  # M = 64: the MX block divides it, and no two of x, w, dy share a shape
 INTERPRETED = [(r, "step") for r in BOTH_WAYS]
 INTERPRETED += [("float8_rowwise", v) for v in ("float32", "frozen_weight", "input_without_grad")]
-INTERPRETED += [("float8_tensorwise", v) for v in ("frozen_weight", "no_grad")]
+INTERPRETED += [
+    ("float8_tensorwise", v) for v in ("frozen_weight", "input_without_grad", "no_grad")
+]
 INTERPRETED += [("mxfp8", v) for v in ("float32", "no_grad")]
 
 
@@ -548,26 +550,34 @@ def _expected_both_ways(recipe: str, variant: str) -> set:
     return wanted
 
 
+WRITTEN_TRANSPOSED = " (codes written transposed)"
+
+
 def _describe_saved(t) -> str:
-    """A saved tensor as the tests compare it: its scheme if codes, else 'high precision'."""
+    """A saved tensor as the tests compare it: its scheme if codes (and whether they were
+    written transposed, K-major for the backward GEMM: `quantize_both`'s second result),
+    else 'high precision'."""
     if isinstance(t, lowp_torch.QuantizedTensor):
-        return repr(t.scheme)
+        codes = t.codes
+        transposed = codes.dim() == 2 and codes.t().is_contiguous() and not codes.is_contiguous()
+        return repr(t.scheme) + (WRITTEN_TRANSPOSED if transposed else "")
     return "high precision"
 
 
-def _expected_saved(recipe: str, variant: str) -> list[str]:
-    """[x, w] as the forward saves them: the codes along the first axis where quantized
-    both ways, the forward's codes under tensorwise scaling and square tiles (the same
-    tiles transposed), else high precision."""
+def _expected_saved(recipe: str, variant: str, both=None) -> list[str]:
+    """[x, w] as the forward saves them: the codes along the first axis, written
+    transposed, where quantized both ways (`both`: the tensors quantize_both made, by
+    default those of the Triton casts); else the forward's codes under tensorwise scaling
+    and square tiles (the same tiles transposed); else high precision."""
     spec = _recipe_named(recipe)
-    both = _expected_both_ways(recipe, variant)
+    both = _expected_both_ways(recipe, variant) if both is None else both
     out = []
     for name, scheme in (("x", spec.forward.a), ("w", spec.forward.b)):
         square_tiles = isinstance(scheme, lowp.BlockScaling) and len(set(scheme.block)) == 1
-        if isinstance(scheme, lowp.TensorScaling) or square_tiles:  # the plan reuses them
+        if name in both:
+            out.append(repr(scheme.permuted((1, 0))) + WRITTEN_TRANSPOSED)
+        elif isinstance(scheme, lowp.TensorScaling) or square_tiles:  # the plan reuses them
             out.append(repr(scheme))
-        elif name in both:
-            out.append(repr(dataclasses.replace(scheme, axis=-2)))
         else:
             out.append("high precision")
     return out
@@ -705,12 +715,9 @@ def _check_step(result: dict, recipe: str, variant: str):
     if variant == "no_grad":
         assert result["saved"] == {}
     else:
-        want = _expected_saved(recipe, variant)
-        assert result["saved"]["triton"] == want
-        # Everywhere but the Triton casts, what was saved before quantize_both.
-        assert result["saved"]["torch"] == [
-            s if "axis=-2" not in s else "high precision" for s in want
-        ]
+        assert result["saved"]["triton"] == _expected_saved(recipe, variant)
+        # On the torch ops nothing is quantized both ways.
+        assert result["saved"]["torch"] == _expected_saved(recipe, variant, both=set())
 
 
 @pytest.mark.parametrize(
