@@ -14,15 +14,17 @@ This module executes it. A transposed operand is quantized where its tensor lies
 along the first axis (`OperandPlan.along_first_axis`), and viewed transposed
 (`_transposed`): the same groups, so the bytes of quantizing the transposed copy. Where
 the plan reuses codes (`OperandPlan.reuses_codes`: the very scheme the tensor was
-quantized with before, tensorwise or square 128x128 blocks), the operand is those codes, transposed, and the
-earlier GEMM keeps them for the later one instead of the high-precision tensor.
+quantized with before, tensorwise or square 128x128 blocks), the operand is those
+codes, transposed, and the earlier GEMM keeps them for the later one instead of the
+high-precision tensor.
 
 Where the Triton casts quantize (CUDA, `_cast_kernels.use_triton`), a tensor whose two
 GEMMs take the very same scheme (`OperandPlan.shares_scheme`: x, w and dy under
 float8_rowwise and mxfp8; w under mxfp8_gw_hp) or reuse its codes under tensorwise
 scaling (float8_tensorwise's x, w and dy) is quantized both ways from one read
 (`_triton_casts.quantize_both`); its codes along the first axis are those
-`_transposed` would make, written transposed, so no GEMM copies codes. The forward keeps them (one byte an element) for the
+`_transposed` would make, written transposed, so the backward GEMMs copy no codes
+(elsewhere, and for FSDP2's gathered weights, reused codes are copied transposed). The forward keeps them (one byte an element) for the
 backward instead of the high-precision x or w, and the dgrad those of dy for the wgrad
 (`_quantize_and_keep`). The bytes are the same on every path.
 

@@ -2,8 +2,8 @@
 
 The GEMMs feed `torch._scaled_mm` operands that can exist as transposed views: codes
 kept for the backward where `quantize_both` did not write them transposed (tensorwise
-codes made on the torch ops, square-tile blockwise codes), and transposed codes a
-caller passes. The GEMM takes row-major A and column-major B, so each such view is
+codes made on the torch ops, FSDP2's gathered tensorwise weights, square-tile
+blockwise codes), and transposed codes a caller passes. The GEMM takes row-major A and column-major B, so each such view is
 copied once. Measured on the H200
 (torch 2.11): `.contiguous()` of a transposed 16384 x 8192 fp8 tensor runs PyTorch's
 generic strided-copy kernel, about 1 ms, half the time of the fp8 GEMM it feeds. This

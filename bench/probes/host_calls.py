@@ -111,14 +111,19 @@ def cuda_path():
         LAUNCHES[0] += 1
         return codes, torch.ones(shape[0], dtype=torch.float32, device=x.device)
 
-    def launch_both(x, scheme, fmt):  # `_axis_2d(..., rows=True, cols=True, cols_t=True)`
+    def launch_both(x, scheme, fmt):  # `_tensor_both`, `_axis_2d(..., cols_t=True)`
         r, c = x.shape
-        for n in (r, c):
-            torch.zeros(n, dtype=torch.int32, device=x.device)
+        if isinstance(scheme, lowp.TensorScaling):
+            torch.zeros(1, dtype=torch.int32, device=x.device)  # the amax
+            scales = torch.ones(()), torch.ones(())
+        else:
+            for n in (r, c):
+                torch.zeros(n, dtype=torch.int32, device=x.device)
+            scales = torch.ones(r), torch.ones(c)
         LAUNCHES[0] += 2
         return (
-            (torch.zeros(x.shape, dtype=torch.uint8), torch.ones(r)),
-            (torch.zeros((c, r), dtype=torch.uint8), torch.ones(c)),
+            (torch.zeros(x.shape, dtype=torch.uint8), scales[0]),
+            (torch.zeros((c, r), dtype=torch.uint8), scales[1]),
         )
 
     fakes = (
