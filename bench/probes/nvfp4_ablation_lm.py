@@ -8,6 +8,14 @@ LM (`examples/train_tiny_lm`) trained with `nvfp4` and its ablation variants
     done; wait
     python -m bench.probes.nvfp4_ablation_lm --table out/nvfp4_ablation_torch_s*.json
 
+`--compile` (torch): each run's model `torch.compile`d. On a GPU the eager NVFP4 step is
+launch-bound (the Hopper GEMMs are emulated and the casts, transform and stochastic bits
+are elementwise torch ops: the `small` size did not reach 2000 steps in 270 s on the
+H200), and compiled those ops fuse; lowp's casts give the eager bytes either way, the
+bf16 ops around them may round in another order. A file holds eager or compiled runs,
+never both. On the CPU, torch 2.13's Inductor fails on the NVFP4 step (an assertion in
+its loop split, after ~9 minutes of compiling): a GPU option.
+
 A seed (`tinylm.Config.seed`) picks the initial weights and the batch order; every run of
 one seed starts from the same weights and reads the same batches, so runs differ only in
 the recipe. The recipe's own seed (signs, stochastic bits) stays 0. Prints and writes each
@@ -32,11 +40,16 @@ HERE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_tiny_lm
 RUNS = ("bf16", "nvfp4", "nvfp4_no_rht", "nvfp4_no_sr", "nvfp4_plain")
 
 
-def train_one(trainer_cls, cfg, run: str, corpus, device: str) -> float:
-    """The final held-out loss of `run` trained for `cfg.steps` steps on `device`."""
+def train_one(trainer_cls, cfg, run: str, corpus, device: str, compiled: bool = False) -> float:
+    """The final held-out loss of `run` trained for `cfg.steps` steps on `device`, the
+    model `torch.compile`d where `compiled`."""
     import tinylm
 
     trainer = trainer_cls(cfg, run, tinylm.init_params(cfg, cfg.seed), device)
+    if compiled:
+        import torch
+
+        trainer.model = torch.compile(trainer.model)
     for step in range(cfg.steps):
         loss = trainer.step(step, tinylm.train_batch(corpus, cfg, step))
         if not np.isfinite(loss):
@@ -63,8 +76,14 @@ def train(args) -> None:
     rows = []
     if out.exists():
         earlier = json.loads(out.read_text())
-        if (earlier["config"], earlier["framework"]) != (dataclasses.asdict(cfg), args.framework):
-            raise SystemExit(f"{out} holds runs of another configuration or framework")
+        if (earlier["config"], earlier["framework"], earlier.get("compiled", False)) != (
+            dataclasses.asdict(cfg),
+            args.framework,
+            args.compile,
+        ):
+            raise SystemExit(
+                f"{out} holds runs of another configuration, framework or --compile setting"
+            )
         rows = earlier["rows"]
     done = {(r["seed"], r["run"]) for r in rows}
     for seed in map(int, args.seeds.split(",")):
@@ -73,15 +92,19 @@ def train(args) -> None:
                 continue
             start = time.process_time()
             loss = train_one(
-                module.Trainer, dataclasses.replace(cfg, seed=seed), run, corpus, args.device
+                module.Trainer,
+                dataclasses.replace(cfg, seed=seed),
+                run,
+                corpus,
+                args.device,
+                args.compile,
             )
             row = {"seed": seed, "run": run, "heldout": loss, "cpu_s": time.process_time() - start}
             print(f"{args.framework} seed {seed} {run:>14} held-out {loss:.4f}", flush=True)
             rows.append(row)
             config = dataclasses.asdict(cfg)
-            out.write_text(
-                json.dumps({"framework": args.framework, "config": config, "rows": rows})
-            )
+            report = {"framework": args.framework, "config": config, "rows": rows}
+            out.write_text(json.dumps(report | {"compiled": args.compile}))
 
 
 def table(paths: list[str], wanted: list[str]) -> None:
@@ -91,10 +114,14 @@ def table(paths: list[str], wanted: list[str]) -> None:
     merged: dict[str, dict] = {}
     for path in paths:
         report = json.loads(pathlib.Path(path).read_text())
-        into = merged.setdefault(report["framework"], {"config": report["config"], "rows": []})
-        if into["config"] != report["config"]:
+        compiled = report.get("compiled", False)
+        into = merged.setdefault(
+            report["framework"], {"config": report["config"], "compiled": compiled, "rows": []}
+        )
+        if (into["config"], into["compiled"]) != (report["config"], compiled):
             raise SystemExit(
-                f"{path}: another configuration than the other {report['framework']} files"
+                f"{path}: another configuration or --compile setting than the other "
+                f"{report['framework']} files"
             )
         into["rows"] += report["rows"]
     print(
@@ -133,9 +160,12 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--size", default="tiny")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each run's model")
     parser.add_argument("--json", help="append each run's row here (a rerun skips rows it has)")
     parser.add_argument("--table", nargs="+", help="print the table of these --json files")
     args = parser.parse_args(argv)
+    if args.compile and args.framework != "torch":
+        parser.error("--compile is for --framework torch (the JAX step is jitted already)")
     if args.table:
         table(args.table, args.runs.split(","))
     elif args.json:

@@ -9,6 +9,7 @@ one bit for bit, losses and weights, in each framework.
 
 import dataclasses
 import functools
+import json
 import pathlib
 import sys
 
@@ -202,3 +203,25 @@ def test_moe_trains_with_grouped_recipes_like_bf16(framework, corpus, tmp_path):
         assert np.isfinite(losses).all() and losses[-1] < losses[0] - 0.3, (run, losses)
         assert abs(result["heldout"][-1][1] - bf16) < 0.02 * bf16, (run, result["heldout"])
     assert runs["mxfp8"]["resume_exact"] is True
+
+
+def test_ablation_probe_keeps_compiled_and_eager_runs_apart(tmp_path, capsys):
+    """`nvfp4_ablation_lm --compile` (torch only) writes its setting into the --json
+    file; a rerun with the other setting, and a table of files of both, are refused
+    before anything trains or prints a row."""
+    from bench.probes import nvfp4_ablation_lm as probe
+
+    with pytest.raises(SystemExit):  # argparse's error
+        probe.main(["--framework", "jax", "--compile", "--json", str(tmp_path / "j.json")])
+    cfg = dataclasses.replace(tinylm.SIZES["tiny"], steps=10, warmup=1)
+    eager, compiled = tmp_path / "eager.json", tmp_path / "compiled.json"
+    base = {"framework": "torch", "config": dataclasses.asdict(cfg)}
+    rows = [{"seed": 0, "run": "bf16", "heldout": 3.5, "cpu_s": 1.0}]
+    eager.write_text(json.dumps(base | {"rows": rows, "compiled": False}))
+    compiled.write_text(json.dumps(base | {"rows": rows, "compiled": True}))
+    with pytest.raises(SystemExit, match="--compile setting"):
+        probe.main(["--steps", "10", "--seeds", "0", "--compile", "--json", str(eager)])
+    with pytest.raises(SystemExit, match="--compile setting"):
+        probe.main(["--table", str(eager), str(compiled), "--runs", "bf16"])
+    probe.main(["--table", str(compiled), "--runs", "bf16"])
+    assert "| torch | `bf16` | 3.5000" in capsys.readouterr().out
