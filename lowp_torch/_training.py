@@ -267,7 +267,7 @@ def _one_read(t, later, name: str) -> bool:
                 check_finite=False,
                 name=name,
             )
-            for s in (later.scheme, later.along_first_axis)
+            for s in dict.fromkeys((later.scheme, later.along_first_axis))  # tensorwise: one
         )
     )
 
