@@ -24,9 +24,10 @@ float8_rowwise and mxfp8; w under mxfp8_gw_hp) or reuse its codes under tensorwi
 scaling (float8_tensorwise's x, w and dy) is quantized both ways from one read
 (`_triton_casts.quantize_both`); its codes along the first axis are those
 `_transposed` would make, written transposed, so the backward GEMMs copy no codes
-(elsewhere, and for FSDP2's gathered weights, reused codes are copied transposed). The forward keeps them (one byte an element) for the
-backward instead of the high-precision x or w, and the dgrad those of dy for the wgrad
-(`_quantize_and_keep`). The bytes are the same on every path.
+(elsewhere, and for FSDP2's gathered weights, reused codes are copied transposed). The
+forward keeps them (one byte an element) for the backward instead of the
+high-precision x or w, and the dgrad those of dy for the wgrad (`_quantize_and_keep`).
+The bytes are the same on every path.
 
 Scaling is current (dynamic): every scale comes from the tensor it scales, at the call.
 Nothing carries over between steps, so a run is a function of its parameters,
