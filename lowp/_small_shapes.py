@@ -187,3 +187,35 @@ def describe(
         f"{at}: predicted {d.fp8_ms:.3f} ms in fp8 against {d.high_precision_ms:.3f} ms in "
         f"high precision; fp8 runs where predicted at least {1 - MARGIN:.0%} faster"
     )
+
+
+def report(layers, tokens: int, traced: bool, traced_as: str = "traced") -> str:
+    """The table both frontends' `small_shapes_report` print: for each layer (name,
+    in_features, out_features, recipe name, forced), what a call of `tokens` tokens runs
+    where the recipe's fp8 GEMM kernels run, fp8 or high precision, with the predicted
+    times of both (`decide`; traced: device time alone). `forced`: the layer quantizes
+    whatever the policy says (small_shapes="quantize"). `traced_as` names the traced
+    mode in the header ("compiled", "jitted").
+
+    Raises:
+      ValueError: tokens is not a positive int.
+    """
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"tokens must be a positive int, got {tokens!r}")
+    rows = [("layer", "K -> N", "recipe", "fp8 ms", "high-precision ms", "runs")]
+    for name, k, n, recipe, forced in layers:
+        d = decide(tokens, k, n, recipe, traced)
+        runs = "fp8 (small_shapes='quantize')" if forced else "fp8" if d.fp8 else "high precision"
+        rows.append(
+            (name, f"{k} -> {n}", d.recipe, f"{d.fp8_ms:.3f}", f"{d.high_precision_ms:.3f}", runs)
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    kind = f"{traced_as} (device time)" if traced else "eager (with host time)"
+    lines = [f"small_shapes at {tokens} tokens a call, {kind}, where fp8 GEMM kernels run:"]
+    for row in rows:
+        cells = [
+            c.ljust(w) if i in (0, 1, 2, 5) else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)

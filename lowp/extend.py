@@ -108,6 +108,8 @@ The small-shape policy of the training layers (spec §8)
   call_pays, layer_may_pay, describe_small_shape
   decide_small_shape(tokens, k, n, recipe, traced) -> SmallShapeDecision
                                  the predicted times behind call_pays, for reports.
+  small_shapes_table(layers, tokens, traced, traced_as) -> str
+                                 the frontends' `small_shapes_report` table.
 """
 
 from lowp._formats import FLOAT4_E2M1FN, FLOAT8_E4M3FN, element_format
@@ -155,6 +157,7 @@ from lowp._small_shapes import Decision as SmallShapeDecision
 from lowp._small_shapes import call_pays, layer_may_pay
 from lowp._small_shapes import decide as decide_small_shape
 from lowp._small_shapes import describe as describe_small_shape
+from lowp._small_shapes import report as small_shapes_table
 from lowp.checkpoints._dequantize import ProducerPlan, producer_plan, refuse_origin
 
 __all__ = [
@@ -208,6 +211,7 @@ __all__ = [
     "scale_format",
     "shard_groups",
     "slab_plan",
+    "small_shapes_table",
     "stored_scale_shape",
     "token_capacity",
     "token_segments",

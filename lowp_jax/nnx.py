@@ -5,12 +5,14 @@
 (out, in) from `lowp_jax.quantize_params`) or, for training, a `TrainingDotGeneral`.
 `quantize_model` converts an existing model's `nnx.Linear` layers for inference.
 `GroupedExperts` is an MoE layer's stacked SwiGLU experts on `lowp_jax.ragged_dot`.
+`small_shapes_report` prints what each training layer of a model runs at a token count.
 """
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lowp import extend
 from lowp_jax import _params, _qarray, _quantized_dot, _ragged_dot, _training
 
 
@@ -69,6 +71,44 @@ class Linear(nnx.Linear):
             dot_general=_training.layer_dot_general(config, recipe, impl, small_shapes),
             **kwargs,
         )
+
+
+def small_shapes_report(model: nnx.Module, tokens: int, *, jitted: bool = True) -> str:
+    """A table of what each training layer of `model` runs at `tokens` tokens a call (the
+    input's leading dims flattened), under `jax.jit` (`jitted`, device time alone) or op
+    by op: fp8 or high precision, and the small-shape policy's predicted times of both
+    (`lowp._small_shapes`, the policy lowp_torch's layers take:
+    `lowp_torch.small_shapes_report` prints the same rows). A training layer is an
+    `nnx.Linear` whose dot is a `lowp_jax.TrainingDotGeneral` (`Linear(recipe=...)`);
+    rows come in nnx's graph order (attribute names sorted). It is what a device with
+    the recipe's fp8 GEMM kernels does (float8 on CUDA sm_89+, MX and NVFP4 on
+    sm_100+); elsewhere the recipe always runs. A layer that runs in high precision
+    also logs why when it is traced (logger "lowp_jax", INFO).
+
+    Raises:
+      ValueError: tokens is not a positive int, or `model` has no such layer.
+
+    >>> import lowp_jax.nnx
+    >>> from flax import nnx
+    >>> layer = lowp_jax.nnx.Linear(4096, 4096, recipe="float8_rowwise", rngs=nnx.Rngs(0))
+    >>> print(lowp_jax.nnx.small_shapes_report(layer, 8192))
+    small_shapes at 8192 tokens a call, jitted (device time), where fp8 GEMM kernels run:
+    layer        K -> N        recipe          fp8 ms  high-precision ms  runs
+    (the model)  4096 -> 4096  float8_rowwise   0.787              1.178  fp8
+    """
+    rows = []
+    for path, node in nnx.iter_graph(model):
+        dot = getattr(node, "dot_general", None)
+        if isinstance(node, nnx.Linear) and isinstance(dot, _training.TrainingDotGeneral):
+            name = ".".join(map(str, path)) or "(the model)"
+            forced = dot.small_shapes == "quantize"
+            rows.append((name, node.in_features, node.out_features, dot.recipe.name, forced))
+    if not rows:
+        raise ValueError(
+            f"{type(model).__name__} has no training layer: lowp_jax.nnx.Linear(recipe=...) "
+            "makes them"
+        )
+    return extend.small_shapes_table(rows, tokens, traced=jitted, traced_as="jitted")
 
 
 def master_weight_promote_dtype(args, /, *, dtype=None, inexact=True):
@@ -179,4 +219,5 @@ __all__ = [
     "master_weight_promote_dtype",
     "promote_dtype",
     "quantize_model",
+    "small_shapes_report",
 ]

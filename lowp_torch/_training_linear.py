@@ -244,8 +244,6 @@ def small_shapes_report(model: nn.Module, tokens: int, *, compiled: bool = False
     layer        K -> N        recipe          fp8 ms  high-precision ms  runs
     (the model)  4096 -> 4096  float8_rowwise   0.787              1.178  fp8
     """
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-        raise ValueError(f"tokens must be a positive int, got {tokens!r}")
     layers = [
         (name or "(the model)", m) for name, m in model.named_modules() if isinstance(m, Linear)
     ]
@@ -253,26 +251,11 @@ def small_shapes_report(model: nn.Module, tokens: int, *, compiled: bool = False
         raise ValueError(
             f"{type(model).__name__} has no lowp_torch.Linear: convert_to_training makes them"
         )
-    rows = [("layer", "K -> N", "recipe", "fp8 ms", "high-precision ms", "runs")]
-    for name, layer in layers:
-        k, n, recipe = layer.in_features, layer.out_features, layer.recipe.name
-        d = extend.decide_small_shape(tokens, k, n, recipe, traced=compiled)
-        runs = "fp8" if d.fp8 else "high precision"
-        if layer.lowering.small_shapes == "quantize":
-            runs = "fp8 (small_shapes='quantize')"
-        rows.append(
-            (name, f"{k} -> {n}", recipe, f"{d.fp8_ms:.3f}", f"{d.high_precision_ms:.3f}", runs)
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    kind = "compiled (device time)" if compiled else "eager (with host time)"
-    lines = [f"small_shapes at {tokens} tokens a call, {kind}, where fp8 GEMM kernels run:"]
-    for row in rows:
-        cells = [
-            c.ljust(w) if i in (0, 1, 2, 5) else c.rjust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
+    rows = [
+        (name, m.in_features, m.out_features, m.recipe.name, m.lowering.small_shapes == "quantize")
+        for name, m in layers
+    ]
+    return extend.small_shapes_table(rows, tokens, traced=compiled, traced_as="compiled")
 
 
 def convert_to_training(

@@ -692,6 +692,47 @@ def fp8_kernels_here(monkeypatch, scaled_small_shape_costs):
     monkeypatch.setattr(lowp_jax._training, "fp8_kernels_run", lambda recipe, impl, device: True)
 
 
+class _ReportedStack(nnx.Module):
+    """lowp_torch's report test's layers: 64 -> 32 and 32 -> 16 on the policy, 16 -> 8
+    forced to quantize, and a plain nnx.Linear that the report leaves out."""
+
+    def __init__(self, rngs):
+        self.fc = lowp_jax.nnx.Linear(64, 32, recipe="float8_rowwise", rngs=rngs)
+        self.plain = nnx.Linear(32, 32, rngs=rngs)
+        self.narrow = lowp_jax.nnx.Linear(32, 16, recipe="float8_rowwise", rngs=rngs)
+        self.forced = lowp_jax.nnx.Linear(
+            16, 8, recipe="float8_rowwise", small_shapes="quantize", rngs=rngs
+        )
+
+
+def test_small_shapes_report_gives_lowp_torchs_rows(scaled_small_shape_costs):
+    """`lowp_jax.nnx.small_shapes_report` prints the policy's rows as lowp_torch's does
+    for the same layers (the numbers of `test_small_shapes_report_says_what_each_layer_
+    runs_eager_and_compiled`): at 24 tokens the 64 -> 32 layer runs high precision op by
+    op and fp8 jitted, the 32 -> 16 layer never pays, the forced one says so."""
+    model = _ReportedStack(nnx.Rngs(0))
+    jitted = lowp_jax.nnx.small_shapes_report(model, 24).splitlines()
+    eager = lowp_jax.nnx.small_shapes_report(model, 24, jitted=False).splitlines()
+    assert jitted[0] == (
+        "small_shapes at 24 tokens a call, jitted (device time), where fp8 GEMM kernels run:"
+    )
+    assert eager[0].startswith("small_shapes at 24 tokens a call, eager (with host time)")
+    row = "fc 64 -> 32 float8_rowwise {} 0.808 {}"
+    assert " ".join(jitted[2].split()) == row.format("0.653", "fp8")
+    assert " ".join(eager[2].split()) == row.format("1.000", "high precision")
+    for report in (jitted, eager):  # rows in nnx's graph order: attribute names sorted
+        assert len(report) == 5  # the plain nnx.Linear is not listed
+        assert report[3].startswith("forced")
+        assert report[3].endswith("fp8 (small_shapes='quantize')")
+        assert report[4].split()[:4] == ["narrow", "32", "->", "16"]
+        assert report[4].endswith("high precision")
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match=f"tokens must be a positive int, got {bad!r}"):
+            lowp_jax.nnx.small_shapes_report(model, bad)
+    with pytest.raises(ValueError, match="Linear has no training layer"):
+        lowp_jax.nnx.small_shapes_report(nnx.Linear(4, 4, rngs=nnx.Rngs(0)), 8)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["float8_tensorwise", "float8_rowwise", "mxfp8"])
 def test_small_calls_run_the_float_dot_and_large_ones_the_recipe(recipe, fp8_kernels_here, caplog):
