@@ -211,9 +211,9 @@ def _check_shapes(plan, m, k, n, *, backward: bool, input_shape) -> None:
 
 
 def _forward_operands(x, w, plan) -> tuple[_qarray.QArray, _qarray.QArray]:
-    """x (M, K) and w (N, K), quantized along K."""
-    a, b = plan.forward.a, plan.forward.b
-    return _quantize.quantize(x, a.scheme, name="x"), _quantize.quantize(w, b.scheme, name="w")
+    """x (M, K) and w (N, K), quantized along K as the forward's operands say (their
+    rounding and transform included)."""
+    return _quantize_operand(x, plan.forward.a), _quantize_operand(w, plan.forward.b)
 
 
 def _residuals(x, w, forward, plan) -> tuple:

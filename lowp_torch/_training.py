@@ -206,8 +206,8 @@ def _quantize_and_keep(t, operand, later, later_runs: bool, name: str):
         from lowp_torch import _triton_casts  # imports triton: only when it runs
 
         return _triton_casts.quantize_both(t, operand.scheme)
-    if later is not None and later.reuses_codes:
-        q = _quantize.quantize(t, operand.scheme, name=name)
+    if later is not None and later.reuses_codes:  # operand is plain (`OperandPlan.earlier`)
+        q = _quantize_operand(t, operand, name)
         return q, q
     return _quantize_operand(t, operand, name), t
 

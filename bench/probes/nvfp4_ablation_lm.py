@@ -71,7 +71,6 @@ def train(args) -> None:
         import train_jax as module
     cfg = tinylm.SIZES[args.size]
     cfg = dataclasses.replace(cfg, steps=args.steps, warmup=max(1, args.steps // 10))
-    corpus = tinylm.Corpus.load()
     out = pathlib.Path(args.json)
     rows = []
     if out.exists():
@@ -85,6 +84,7 @@ def train(args) -> None:
                 f"{out} holds runs of another configuration, framework or --compile setting"
             )
         rows = earlier["rows"]
+    corpus = tinylm.Corpus.load()
     done = {(r["seed"], r["run"]) for r in rows}
     for seed in map(int, args.seeds.split(",")):
         for run in args.runs.split(","):
@@ -124,6 +124,9 @@ def table(paths: list[str], wanted: list[str]) -> None:
                 f"{report['framework']} files"
             )
         into["rows"] += report["rows"]
+    for framework, report in merged.items():
+        mode = "torch.compile'd" if report["compiled"] else "eager"
+        print(f"{framework}: {mode}, config {report['config']}")
     print(
         "| framework | run | held-out loss, mean (min..max) | ratio to bf16, mean (min..max) "
         "| `nvfp4`'s ratio minus this run's, mean ± s.e. (seeds where `nvfp4` is lower) |"

@@ -207,3 +207,30 @@ def test_stochastically_rounded_codes_are_not_reused_or_made_beside_the_plain_on
         for side, ref, t, j in zip("ab", pair, torch_ops[gemm], jax_ops[gemm], strict=True):
             _same_bytes(lowp_torch.to_lowp(t), ref, f"{gemm}.{side} (torch vs numpy)")
             _same_bytes(lowp_jax.to_lowp(j), ref, f"{gemm}.{side} (jax vs numpy)")
+
+
+@pytest.mark.parametrize(
+    "forward", [{"a_rounding": "stochastic"}, {"hadamard": True}], ids=["sr", "hadamard"]
+)
+def test_the_forward_operands_take_their_rounding_and_transform(forward):
+    """A recipe may round the forward's operands stochastically or transform them: both
+    frontends quantize x and w as the plan says (JAX quantized them plainly before), and
+    the backward, which cannot reuse such codes, makes its own."""
+    tensorwise = lowp.TensorScaling("float8_e4m3fn")
+    plain = lowp.GemmSpec(tensorwise, tensorwise)
+    recipe = lowp.Recipe(
+        "forward_not_plain",
+        forward=lowp.GemmSpec(tensorwise, tensorwise, **forward),
+        dgrad=plain,
+        wgrad=plain,
+        seed=5,
+    )
+    plan = LinearPlan.of(recipe)
+    assert not plan.keeps_codes("x") and plan.keeps_codes("w") == ("hadamard" not in forward)
+    arrays = _inputs("float32")
+    torch_ops = lowp_torch.training_operands(*(torch.from_numpy(arrays[k]) for k in "xwg"), recipe)
+    jax_ops = lowp_jax.training_operands(*(jnp.asarray(arrays[k]) for k in "xwg"), recipe)
+    for gemm, pair in _reference(arrays, recipe).items():
+        for side, ref, t, j in zip("ab", pair, torch_ops[gemm], jax_ops[gemm], strict=True):
+            _same_bytes(lowp_torch.to_lowp(t), ref, f"{gemm}.{side} (torch vs numpy)")
+            _same_bytes(lowp_jax.to_lowp(j), ref, f"{gemm}.{side} (jax vs numpy)")

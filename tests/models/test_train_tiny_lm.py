@@ -224,4 +224,8 @@ def test_ablation_probe_keeps_compiled_and_eager_runs_apart(tmp_path, capsys):
     with pytest.raises(SystemExit, match="--compile setting"):
         probe.main(["--table", str(eager), str(compiled), "--runs", "bf16"])
     probe.main(["--table", str(compiled), "--runs", "bf16"])
-    assert "| torch | `bf16` | 3.5000" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "torch: torch.compile'd" in out and "| torch | `bf16` | 3.5000" in out
+    eager.write_text(json.dumps(base | {"rows": rows}))  # a file from before --compile
+    probe.main(["--table", str(eager), "--runs", "bf16"])
+    assert "torch: eager" in capsys.readouterr().out
