@@ -78,7 +78,12 @@ def _same_bytes(got: lowp.QTensor, want: lowp.QTensor, where: str):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("name", lowp.Recipe.names())
 def test_torch_and_jax_quantize_every_training_gemm_operand_to_the_same_bytes(name, dtype):
-    recipe = lowp.Recipe.from_name(name)
+    _both_frontends_give_the_reference(lowp.Recipe.from_name(name), dtype)
+
+
+def _both_frontends_give_the_reference(recipe: lowp.Recipe, dtype: str = "float32"):
+    """Every GEMM operand of `training_operands` in PyTorch and in JAX has the bytes of
+    the NumPy reference (`_reference`) for `_inputs(dtype)`."""
     arrays = _inputs(dtype)
     torch_ops = lowp_torch.training_operands(
         *(
@@ -97,7 +102,7 @@ def test_torch_and_jax_quantize_every_training_gemm_operand_to_the_same_bytes(na
             assert torch_ops[gemm] is None and jax_ops[gemm] is None, gemm
             continue
         for side, ref, t, j in zip("ab", pair, torch_ops[gemm], jax_ops[gemm], strict=True):
-            where = f"{name} {dtype} {gemm}.{side}"
+            where = f"{recipe.name} {dtype} {gemm}.{side}"
             _same_bytes(lowp_torch.to_lowp(t), ref, f"{where} (torch vs numpy)")
             _same_bytes(lowp_jax.to_lowp(j), ref, f"{where} (jax vs numpy)")
 
@@ -200,13 +205,7 @@ def test_stochastically_rounded_codes_are_not_reused_or_made_beside_the_plain_on
     assert not plan.keeps_codes("g")
     assert not plan.wgrad.a.reuses_codes and not plan.wgrad.a.shares_scheme
     assert plan.keeps_codes("x") == plan.keeps_codes("w") == isinstance(scheme, lowp.TensorScaling)
-    arrays = _inputs("float32")
-    torch_ops = lowp_torch.training_operands(*(torch.from_numpy(arrays[k]) for k in "xwg"), recipe)
-    jax_ops = lowp_jax.training_operands(*(jnp.asarray(arrays[k]) for k in "xwg"), recipe)
-    for gemm, pair in _reference(arrays, recipe).items():
-        for side, ref, t, j in zip("ab", pair, torch_ops[gemm], jax_ops[gemm], strict=True):
-            _same_bytes(lowp_torch.to_lowp(t), ref, f"{gemm}.{side} (torch vs numpy)")
-            _same_bytes(lowp_jax.to_lowp(j), ref, f"{gemm}.{side} (jax vs numpy)")
+    _both_frontends_give_the_reference(recipe)
 
 
 @pytest.mark.parametrize(
@@ -227,10 +226,4 @@ def test_the_forward_operands_take_their_rounding_and_transform(forward):
     )
     plan = LinearPlan.of(recipe)
     assert not plan.keeps_codes("x") and plan.keeps_codes("w") == ("hadamard" not in forward)
-    arrays = _inputs("float32")
-    torch_ops = lowp_torch.training_operands(*(torch.from_numpy(arrays[k]) for k in "xwg"), recipe)
-    jax_ops = lowp_jax.training_operands(*(jnp.asarray(arrays[k]) for k in "xwg"), recipe)
-    for gemm, pair in _reference(arrays, recipe).items():
-        for side, ref, t, j in zip("ab", pair, torch_ops[gemm], jax_ops[gemm], strict=True):
-            _same_bytes(lowp_torch.to_lowp(t), ref, f"{gemm}.{side} (torch vs numpy)")
-            _same_bytes(lowp_jax.to_lowp(j), ref, f"{gemm}.{side} (jax vs numpy)")
+    _both_frontends_give_the_reference(recipe)
